@@ -1,0 +1,63 @@
+# qwen.cu — build and test.
+#
+#   make                   ./qwen for the oldest GPU the nvcc in use can target (sm_70 = V100 when it can)
+#   make ARCH=sm_90        any other architecture
+#   make NVCC=/usr/bin/nvcc ARCH=sm_70     the V100 build with Debian's CUDA 11.8 (see README)
+#   make test              build and run the tests (GPU checks are skipped without a GPU)
+#
+# Every build embeds PTX next to the machine code, so the binary also runs on newer GPUs: the
+# driver compiles the PTX when the program starts.
+
+NVCC ?= nvcc
+# major version of the nvcc in use, e.g. 13 or 11
+CUDA_MAJOR := $(shell $(NVCC) --version 2>/dev/null | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+ifeq ($(CUDA_MAJOR),)
+$(error cannot run '$(NVCC) --version': install the CUDA toolkit or set NVCC=/path/to/nvcc)
+endif
+
+# Default architecture: sm_70 (V100) when this nvcc can build it; CUDA 13 dropped Volta, so there
+# the oldest architecture it supports (sm_75) is used instead, and the build says so.
+ifeq ($(origin ARCH),undefined)
+  ifeq ($(shell test $(CUDA_MAJOR) -ge 13 && echo yes),yes)
+    ARCH := sm_75
+    $(info note: CUDA $(CUDA_MAJOR) cannot build for sm_70 (V100); building for sm_75, the oldest it supports. For a V100 build use CUDA 11.8-12.x: make NVCC=/usr/bin/nvcc)
+  else
+    ARCH := sm_70
+  endif
+endif
+SM := $(subst sm_,,$(ARCH))
+
+# CUDA 11.x supports host compilers only up to gcc 11: use clang-14 there when it is installed
+# (Debian's nvidia-cuda-toolkit pairs with it).
+HOSTCC ?= $(if $(filter 11,$(CUDA_MAJOR)),$(shell command -v clang-14 2>/dev/null),)
+CCBIN := $(if $(HOSTCC),-ccbin $(HOSTCC),)
+
+# nvcc finds ptxas and friends on PATH: put the chosen nvcc's own directory first, so a CUDA 11.8
+# nvcc does not pick up CUDA 13's ptxas.
+NVCC_RUN = PATH=$(dir $(shell command -v $(NVCC))):$$PATH $(NVCC)
+
+# -O3: optimise host and device code        -lineinfo: source lines in profiles (ncu, sanitizer)
+# -gencode ...code=[sm_XX,compute_XX]: machine code for ARCH plus PTX for every later GPU
+# -cudart static: the binary needs no CUDA runtime library where it runs
+NVFLAGS ?= -O3 -lineinfo -std=c++17
+NVFLAGS += -gencode arch=compute_$(SM),code=[sm_$(SM),compute_$(SM)] -cudart static $(CCBIN)
+NVFLAGS += -Xcompiler -Wall,-Wno-unused-function -diag-suppress 177
+
+SUFFIX ?=
+
+all: qwen$(SUFFIX)
+
+qwen$(SUFFIX): qwen.cu tokenizer.c
+	$(NVCC_RUN) $(NVFLAGS) -o $@ qwen.cu
+
+# the tests #include qwen.cu with TESTING defined (no main of its own)
+test/test_qwen$(SUFFIX): test/test_qwen.cu qwen.cu tokenizer.c
+	$(NVCC_RUN) $(NVFLAGS) -o $@ test/test_qwen.cu
+
+test: test/test_qwen$(SUFFIX)
+	./test/test_qwen$(SUFFIX)
+
+clean:
+	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70
+
+.PHONY: all test clean

@@ -1,0 +1,2049 @@
+// qwen.cu — a single-file CUDA C inference engine for Qwen models stored as GGUF.
+//
+// Runs Qwen2/2.5 (`qwen2`), Qwen3 (`qwen3`) and, once its layers land, Qwen3.5/3.6 (`qwen35`)
+// straight from a GGUF file on one NVIDIA GPU, built first for the V100 (sm_70: no bf16, 900 GB/s)
+// and running on every newer card. Every GPU kernel has a plain-C twin in this file: the C twin is
+// the readable specification, `--cpu` runs the whole model on it, and the tests compare the two.
+//
+// Read it top to bottom; the sections follow the data:
+//
+//   1. utilities ............ errors, fp16/bf16 bit conversions, timers
+//   2. GGUF reader .......... the file format, every read bounded by the bytes left
+//   3. tensor types ......... block layouts and a C dequantizer for each (the spec of the format)
+//   4. config & weights ..... hyper-parameters from metadata, weights looked up by name and shape
+//   5. CPU forward .......... the plain-C twin of the whole model (fp32 math, fp32 KV cache)
+//   6. GPU kernels .......... mat-vec per tensor type, norms, RoPE, attention
+//   7. GPU forward .......... device memory, weight upload, the per-token layer loop
+//   8. sampler .............. greedy, temperature, top-k, top-p
+//   9. generation & CLI ..... llama.cpp's flag names, timing lines, logits dump
+//
+// Conventions used everywhere:
+//   * A weight with GGUF shape {n_in, n_out} is n_out rows of n_in elements; y[r] = dot(W[r,:], x).
+//     Quantization blocks run along a row.
+//   * Activations, the residual stream and every accumulation are fp32. The V100 has no bf16 and
+//     real Qwen activations have outliers that fp16 sums cannot hold; only the KV cache is fp16.
+//   * Shapes in comments are written (outer, ..., inner), the innermost index contiguous.
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+// ------------------------------------------------------------------------------------------------
+// 1. Utilities
+// ------------------------------------------------------------------------------------------------
+
+// Every fatal error goes through here: one line naming what went wrong, optionally a "hint:" line
+// saying what the user can do about it, and a non-zero exit. No error path crashes.
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+#define CUDA_CHECK(call)                                                                           \
+    do {                                                                                           \
+        cudaError_t err_ = (call);                                                                 \
+        if (err_ != cudaSuccess)                                                                   \
+            die("CUDA: %s (%s:%d: %s)", cudaGetErrorString(err_), __FILE__, __LINE__, #call);      \
+    } while (0)
+
+// After every kernel launch: catches bad launch configurations at the line that made them.
+#define KERNEL_CHECK() CUDA_CHECK(cudaGetLastError())
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) die("out of host memory (asked for %zu bytes)", n);
+    return p;
+}
+static void *xcalloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) die("out of host memory (asked for %zu x %zu bytes)", n, size);
+    return p;
+}
+
+static double now_sec(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// IEEE half -> float, done with integer operations so the host side needs nothing from CUDA.
+//   half: 1 sign bit, 5 exponent bits (bias 15), 10 mantissa bits.
+static float fp16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {                       // inf / nan
+        bits = sign | 0x7f800000 | (man << 13);
+    } else if (exp != 0) {                   // normal: rebias 15 -> 127
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {                   // signed zero
+        bits = sign;
+    } else {                                 // subnormal: value = man * 2^-24, normalise it
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+// bf16 is the top half of an fp32: widening is a shift.
+static float bf16_to_f32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+// ------------------------------------------------------------------------------------------------
+// 2. GGUF reader
+// ------------------------------------------------------------------------------------------------
+// A GGUF file, all little-endian:
+//
+//   "GGUF" | u32 version | i64 n_tensors | i64 n_kv
+//   n_kv      x { string key | i32 type | value }        value: scalar, string, or
+//                                                         array = { i32 elem_type | u64 n | n values }
+//   n_tensors x { string name | u32 n_dims | i64 ne[n_dims] | i32 ggml_type | u64 offset }
+//   padding to `general.alignment` (default 32)
+//   data blob: each tensor at data_start + offset, each padded to the alignment
+//
+//   string = { u64 len | len bytes, no NUL }
+//
+// The file is mapped read-only and parsed in place. It is an attack surface, so every read goes
+// through a cursor that knows how many bytes are left, every count is checked before it is used to
+// allocate or to index, and every failure names the field it was reading. The checks follow
+// ggml's reference reader (see qwen-spec.md §4), plus: zero-sized dimensions are rejected.
+
+enum {
+    GGUF_TYPE_U8 = 0, GGUF_TYPE_I8 = 1, GGUF_TYPE_U16 = 2, GGUF_TYPE_I16 = 3, GGUF_TYPE_U32 = 4,
+    GGUF_TYPE_I32 = 5, GGUF_TYPE_F32 = 6, GGUF_TYPE_BOOL = 7, GGUF_TYPE_STRING = 8,
+    GGUF_TYPE_ARRAY = 9, GGUF_TYPE_U64 = 10, GGUF_TYPE_I64 = 11, GGUF_TYPE_F64 = 12,
+    GGUF_TYPE_COUNT = 13,
+};
+static const char *GGUF_TYPE_NAME[GGUF_TYPE_COUNT] = {
+    "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64"};
+static const size_t GGUF_TYPE_SIZE[GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+
+#define GGUF_MAX_STRING_LENGTH (1ull << 30)
+#define GGUF_MAX_ARRAY_ELEMENTS (1ull << 30)
+#define GGUF_MAX_NAME 64 // tensor names are at most 63 bytes (ggml's GGML_MAX_NAME)
+#define GGUF_MAX_DIMS 4
+
+typedef struct {
+    char *key;               // NUL-terminated copy of the key
+    int type;                // GGUF_TYPE_*
+    int arr_type;            // element type when type == ARRAY
+    uint64_t n;              // array length; string length when type == STRING
+    const uint8_t *data;     // points into the mapped file: the scalar, the string bytes, or the
+                             // first array element (string arrays: the first {u64 len, bytes})
+} GGUFKV;
+
+typedef struct {
+    char name[GGUF_MAX_NAME];
+    int n_dims;
+    int64_t ne[GGUF_MAX_DIMS]; // ne[0] is the contiguous dimension; missing dims are 1
+    int type;                  // ggml type id (section 3)
+    uint64_t offset;           // from the start of the data blob
+    size_t nbytes;
+    const uint8_t *data;       // points into the mapped file
+} GGUFTensor;
+
+typedef struct {
+    const uint8_t *base;  // whole file (mapped), size bytes
+    size_t size;
+    int fd;               // -1 when parsing a memory buffer
+    uint32_t version;
+    int64_t n_kv, n_tensors;
+    GGUFKV *kv;           // (n_kv)
+    GGUFTensor *tensors;  // (n_tensors)
+    uint32_t alignment;
+    size_t data_offset;   // start of the data blob in the file
+    char err[512];        // why parsing failed
+    jmp_buf fail;         // parse errors jump back to gguf_parse
+} GGUF;
+
+// Bounded cursor over the mapped bytes.
+typedef struct {
+    const uint8_t *p, *end;
+    GGUF *g;
+} Cursor;
+
+static void gguf_fail(GGUF *g, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g->err, sizeof g->err, fmt, ap);
+    va_end(ap);
+    longjmp(g->fail, 1);
+}
+
+// Take n bytes from the cursor, or fail naming what we were reading.
+static const uint8_t *take(Cursor *c, uint64_t n, const char *what) {
+    uint64_t left = (uint64_t)(c->end - c->p);
+    if (n > left)
+        gguf_fail(c->g, "%s: needs %llu bytes at offset %zu, only %llu left in the file", what,
+                  (unsigned long long)n, (size_t)(c->p - c->g->base), (unsigned long long)left);
+    const uint8_t *p = c->p;
+    c->p += n;
+    return p;
+}
+static uint32_t rd_u32(Cursor *c, const char *what) { uint32_t v; memcpy(&v, take(c, 4, what), 4); return v; }
+static int32_t rd_i32(Cursor *c, const char *what) { int32_t v; memcpy(&v, take(c, 4, what), 4); return v; }
+static uint64_t rd_u64(Cursor *c, const char *what) { uint64_t v; memcpy(&v, take(c, 8, what), 8); return v; }
+static int64_t rd_i64(Cursor *c, const char *what) { int64_t v; memcpy(&v, take(c, 8, what), 8); return v; }
+
+// A GGUF string: returns a pointer to its bytes (not NUL-terminated) and its length.
+static const uint8_t *rd_str(Cursor *c, uint64_t *len, const char *what) {
+    uint64_t n = rd_u64(c, what);
+    if (n > GGUF_MAX_STRING_LENGTH)
+        gguf_fail(c->g, "%s: string length %llu is over the 1 GiB limit", what, (unsigned long long)n);
+    *len = n;
+    return take(c, n, what);
+}
+
+// ggml tensor types: elements per block and bytes per block, indexed by type id. Ids that were
+// removed from ggml (4, 5, 31-33, 36-38) have block size 0 and are rejected, as ggml does; ids past
+// MXFP4 (39) are newer formats this reader does not know the layout of, and are rejected by name.
+typedef struct {
+    const char *name;
+    int blck;       // elements per block
+    int type_size;  // bytes per block
+} TypeTraits;
+#define GGML_TYPE_COUNT 43
+static const TypeTraits TYPE_TRAITS[GGML_TYPE_COUNT] = {
+    /* 0*/ {"F32", 1, 4},       {"F16", 1, 2},       {"Q4_0", 32, 18},    {"Q4_1", 32, 20},
+    /* 4*/ {"Q4_2 (removed)", 0, 0}, {"Q4_3 (removed)", 0, 0}, {"Q5_0", 32, 22}, {"Q5_1", 32, 24},
+    /* 8*/ {"Q8_0", 32, 34},    {"Q8_1", 32, 36},    {"Q2_K", 256, 84},   {"Q3_K", 256, 110},
+    /*12*/ {"Q4_K", 256, 144},  {"Q5_K", 256, 176},  {"Q6_K", 256, 210},  {"Q8_K", 256, 292},
+    /*16*/ {"IQ2_XXS", 256, 66}, {"IQ2_XS", 256, 74}, {"IQ3_XXS", 256, 98}, {"IQ1_S", 256, 50},
+    /*20*/ {"IQ4_NL", 32, 18},  {"IQ3_S", 256, 110}, {"IQ2_S", 256, 82},  {"IQ4_XS", 256, 136},
+    /*24*/ {"I8", 1, 1},        {"I16", 1, 2},       {"I32", 1, 4},       {"I64", 1, 8},
+    /*28*/ {"F64", 1, 8},       {"IQ1_M", 256, 56},  {"BF16", 1, 2},
+    /*31*/ {"Q4_0_4_4 (removed)", 0, 0}, {"Q4_0_4_8 (removed)", 0, 0}, {"Q4_0_8_8 (removed)", 0, 0},
+    /*34*/ {"TQ1_0", 256, 54},  {"TQ2_0", 256, 66},
+    /*36*/ {"IQ4_NL_4_4 (removed)", 0, 0}, {"IQ4_NL_4_8 (removed)", 0, 0}, {"IQ4_NL_8_8 (removed)", 0, 0},
+    /*39*/ {"MXFP4", 32, 17},
+    /*40*/ {"NVFP4 (layout unknown to this reader)", 0, 0}, {"type 41 (unknown)", 0, 0},
+    /*42*/ {"type 42 (unknown)", 0, 0},
+};
+
+static const char *type_name(int type) {
+    return (type >= 0 && type < GGML_TYPE_COUNT) ? TYPE_TRAITS[type].name : "invalid";
+}
+
+// Parse a GGUF image of `size` bytes at `base`. Returns 0, or -1 with g->err saying why.
+// On failure the caller must still call gguf_close() to free what was allocated.
+static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
+    g->base = base;
+    g->size = size;
+    g->kv = NULL;
+    g->tensors = NULL;
+    g->n_kv = g->n_tensors = 0;
+    g->err[0] = 0;
+    if (setjmp(g->fail)) return -1;
+
+    Cursor c = {base, base + size, g};
+    const uint8_t *magic = take(&c, 4, "magic");
+    if (memcmp(magic, "GGUF", 4) != 0) gguf_fail(g, "not a GGUF file (magic bytes are not \"GGUF\")");
+
+    g->version = rd_u32(&c, "version");
+    if (g->version == 0) gguf_fail(g, "version 0 is invalid");
+    if ((g->version & 0xffff) == 0)
+        gguf_fail(g, "version %u looks byte-swapped: big-endian GGUF files are not supported", g->version);
+    if (g->version == 1) gguf_fail(g, "GGUF version 1 is not supported (only 2 and 3)");
+    if (g->version > 3) gguf_fail(g, "GGUF version %u is newer than this reader (2 and 3)", g->version);
+
+    int64_t n_tensors = rd_i64(&c, "n_tensors");
+    int64_t n_kv = rd_i64(&c, "n_kv");
+    // Each KV pair takes at least 8+1+4+1 bytes and each tensor info at least 8+4+4+8: bounding
+    // the counts by the file size keeps the allocations below honest.
+    if (n_tensors < 0 || (uint64_t)n_tensors > size / 24)
+        gguf_fail(g, "n_tensors = %lld is impossible for a file of %zu bytes", (long long)n_tensors, size);
+    if (n_kv < 0 || (uint64_t)n_kv > size / 13)
+        gguf_fail(g, "n_kv = %lld is impossible for a file of %zu bytes", (long long)n_kv, size);
+
+    // --- key/value metadata ---
+    g->kv = (GGUFKV *)xcalloc((size_t)n_kv, sizeof(GGUFKV));
+    g->alignment = 32;
+    for (int64_t i = 0; i < n_kv; i++) {
+        GGUFKV *kv = &g->kv[i];
+        uint64_t klen;
+        const uint8_t *k = rd_str(&c, &klen, "metadata key");
+        if (klen == 0) gguf_fail(g, "metadata key #%lld is empty", (long long)i);
+        kv->key = (char *)xmalloc(klen + 1);
+        memcpy(kv->key, k, klen);
+        kv->key[klen] = 0;
+        g->n_kv = i + 1; // from here on gguf_close frees this key
+        if (strlen(kv->key) != klen) gguf_fail(g, "metadata key #%lld contains a NUL byte", (long long)i);
+        for (int64_t j = 0; j < i; j++)
+            if (strcmp(g->kv[j].key, kv->key) == 0) gguf_fail(g, "duplicate metadata key '%s'", kv->key);
+
+        kv->type = rd_i32(&c, kv->key);
+        if (kv->type < 0 || kv->type >= GGUF_TYPE_COUNT)
+            gguf_fail(g, "key '%s': unknown value type %d", kv->key, kv->type);
+        if (kv->type == GGUF_TYPE_STRING) {
+            kv->data = rd_str(&c, &kv->n, kv->key);
+        } else if (kv->type == GGUF_TYPE_ARRAY) {
+            kv->arr_type = rd_i32(&c, kv->key);
+            if (kv->arr_type == GGUF_TYPE_ARRAY)
+                gguf_fail(g, "key '%s': nested arrays are not supported", kv->key);
+            if (kv->arr_type < 0 || kv->arr_type >= GGUF_TYPE_COUNT)
+                gguf_fail(g, "key '%s': unknown array element type %d", kv->key, kv->arr_type);
+            kv->n = rd_u64(&c, kv->key);
+            if (kv->n > GGUF_MAX_ARRAY_ELEMENTS)
+                gguf_fail(g, "key '%s': array of %llu elements is over the 2^30 limit", kv->key,
+                          (unsigned long long)kv->n);
+            uint64_t left = (uint64_t)(c.end - c.p);
+            kv->data = c.p;
+            if (kv->arr_type == GGUF_TYPE_STRING) {
+                if (kv->n * 8 > left)
+                    gguf_fail(g, "key '%s': %llu strings cannot fit in the %llu bytes left", kv->key,
+                              (unsigned long long)kv->n, (unsigned long long)left);
+                for (uint64_t j = 0; j < kv->n; j++) {
+                    uint64_t len;
+                    rd_str(&c, &len, kv->key); // bounds each element; the bytes stay in the map
+                }
+            } else {
+                uint64_t esz = GGUF_TYPE_SIZE[kv->arr_type];
+                if (kv->n * esz > left)
+                    gguf_fail(g, "key '%s': array of %llu x %s needs %llu bytes, %llu left", kv->key,
+                              (unsigned long long)kv->n, GGUF_TYPE_NAME[kv->arr_type],
+                              (unsigned long long)(kv->n * esz), (unsigned long long)left);
+                take(&c, kv->n * esz, kv->key);
+            }
+        } else {
+            kv->n = 1;
+            kv->data = take(&c, GGUF_TYPE_SIZE[kv->type], kv->key);
+        }
+
+        if (strcmp(kv->key, "general.alignment") == 0) {
+            if (kv->type != GGUF_TYPE_U32)
+                gguf_fail(g, "general.alignment must be u32, found %s", GGUF_TYPE_NAME[kv->type]);
+            memcpy(&g->alignment, kv->data, 4);
+            if (g->alignment == 0 || (g->alignment & (g->alignment - 1)))
+                gguf_fail(g, "general.alignment = %u is not a non-zero power of two", g->alignment);
+        }
+    }
+
+    // --- tensor infos ---
+    g->tensors = (GGUFTensor *)xcalloc((size_t)n_tensors, sizeof(GGUFTensor));
+    g->n_tensors = n_tensors;
+    for (int64_t i = 0; i < n_tensors; i++) {
+        GGUFTensor *t = &g->tensors[i];
+        uint64_t nlen;
+        const uint8_t *name = rd_str(&c, &nlen, "tensor name");
+        if (nlen >= GGUF_MAX_NAME)
+            gguf_fail(g, "tensor #%lld: name of %llu bytes is longer than 63", (long long)i,
+                      (unsigned long long)nlen);
+        memcpy(t->name, name, nlen);
+        t->name[nlen] = 0;
+        if (strlen(t->name) != nlen) gguf_fail(g, "tensor #%lld: name contains a NUL byte", (long long)i);
+        for (int64_t j = 0; j < i; j++)
+            if (strcmp(g->tensors[j].name, t->name) == 0) gguf_fail(g, "duplicate tensor name '%s'", t->name);
+
+        uint32_t n_dims = rd_u32(&c, t->name);
+        if (n_dims > GGUF_MAX_DIMS) gguf_fail(g, "tensor '%s': n_dims = %u, at most 4", t->name, n_dims);
+        t->n_dims = (int)n_dims;
+        for (int d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
+        for (uint32_t d = 0; d < n_dims; d++) {
+            t->ne[d] = rd_i64(&c, t->name);
+            if (t->ne[d] <= 0)
+                gguf_fail(g, "tensor '%s': dimension %u is %lld (must be at least 1)", t->name, d,
+                          (long long)t->ne[d]);
+        }
+        // element count must fit in int64
+        if (INT64_MAX / t->ne[1] <= t->ne[0] || INT64_MAX / t->ne[2] <= t->ne[0] * t->ne[1] ||
+            INT64_MAX / t->ne[3] <= t->ne[0] * t->ne[1] * t->ne[2])
+            gguf_fail(g, "tensor '%s': element count overflows", t->name);
+
+        t->type = rd_i32(&c, t->name);
+        if (t->type < 0 || t->type >= GGML_TYPE_COUNT)
+            gguf_fail(g, "tensor '%s': invalid ggml type id %d", t->name, t->type);
+        const TypeTraits *tt = &TYPE_TRAITS[t->type];
+        if (tt->blck == 0) gguf_fail(g, "tensor '%s': type %d (%s) is not supported", t->name, t->type, tt->name);
+        if (t->ne[0] % tt->blck != 0)
+            gguf_fail(g, "tensor '%s': row length %lld is not a multiple of the %s block size %d", t->name,
+                      (long long)t->ne[0], tt->name, tt->blck);
+        uint64_t nblocks = (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]) / tt->blck;
+        if (nblocks > SIZE_MAX / tt->type_size) gguf_fail(g, "tensor '%s': byte size overflows", t->name);
+        t->nbytes = (size_t)(nblocks * tt->type_size);
+        t->offset = rd_u64(&c, t->name);
+    }
+
+    // --- data blob: starts at the next multiple of the alignment ---
+    size_t pos = (size_t)(c.p - base);
+    size_t data_offset = (pos + g->alignment - 1) / g->alignment * g->alignment;
+    if (data_offset > size && n_tensors > 0)
+        gguf_fail(g, "the data section would start at %zu, past the end of the %zu-byte file", data_offset, size);
+    g->data_offset = data_offset;
+
+    // Offsets must be exactly contiguous (each tensor padded to the alignment), and every tensor
+    // must lie inside the file.
+    uint64_t expect = 0;
+    for (int64_t i = 0; i < n_tensors; i++) {
+        GGUFTensor *t = &g->tensors[i];
+        if (t->offset != expect)
+            gguf_fail(g, "tensor '%s': offset %llu, expected %llu (tensors must be contiguous)", t->name,
+                      (unsigned long long)t->offset, (unsigned long long)expect);
+        uint64_t padded = ((uint64_t)t->nbytes + g->alignment - 1) / g->alignment * g->alignment;
+        if (padded < t->nbytes || expect + padded < expect) gguf_fail(g, "tensor '%s': size overflows", t->name);
+        if (t->offset > size || data_offset > size - t->offset || t->nbytes > size - data_offset - t->offset)
+            gguf_fail(g, "tensor '%s': %zu bytes at offset %llu run past the end of the file (%zu bytes): "
+                      "truncated download?", t->name, t->nbytes, (unsigned long long)(data_offset + t->offset), size);
+        t->data = base + data_offset + t->offset;
+        expect += padded;
+    }
+    return 0;
+}
+
+static void gguf_close(GGUF *g) {
+    if (g->kv)
+        for (int64_t i = 0; i < g->n_kv; i++) free(g->kv[i].key);
+    free(g->kv);
+    free(g->tensors);
+    g->kv = NULL;
+    g->tensors = NULL;
+    if (g->fd >= 0 && g->base) munmap((void *)g->base, g->size);
+    if (g->fd >= 0) close(g->fd);
+    g->fd = -1;
+    g->base = NULL;
+}
+
+// Map a file read-only and parse it. On error: message in g->err, returns -1 (nothing left open).
+static int gguf_open(GGUF *g, const char *path) {
+    memset(g, 0, sizeof *g);
+    g->fd = open(path, O_RDONLY);
+    if (g->fd < 0) {
+        snprintf(g->err, sizeof g->err, "cannot open '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(g->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        snprintf(g->err, sizeof g->err, "'%s' is not a regular file", path);
+        close(g->fd);
+        g->fd = -1;
+        return -1;
+    }
+    size_t size = (size_t)st.st_size;
+    if (size == 0) {
+        snprintf(g->err, sizeof g->err, "'%s' is empty", path);
+        close(g->fd);
+        g->fd = -1;
+        return -1;
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, g->fd, 0);
+    if (map == MAP_FAILED) {
+        snprintf(g->err, sizeof g->err, "cannot map '%s': %s", path, strerror(errno));
+        close(g->fd);
+        g->fd = -1;
+        return -1;
+    }
+    g->base = (const uint8_t *)map;
+    g->size = size;
+    if (gguf_parse(g, (const uint8_t *)map, size) != 0) {
+        char err[sizeof g->err];
+        memcpy(err, g->err, sizeof err);
+        gguf_close(g);
+        snprintf(g->err, sizeof g->err, "%.200s: %.300s", path, err);
+        return -1;
+    }
+    return 0;
+}
+
+// --- typed metadata access. Types are checked strictly, as llama.cpp does: a u32 key stored as
+// i32 is an error that names the key and both types. ---
+
+static const GGUFKV *gguf_find(const GGUF *g, const char *key) {
+    for (int64_t i = 0; i < g->n_kv; i++)
+        if (strcmp(g->kv[i].key, key) == 0) return &g->kv[i];
+    return NULL;
+}
+
+static const GGUFKV *gguf_need(const GGUF *g, const char *key, int type) {
+    const GGUFKV *kv = gguf_find(g, key);
+    if (!kv) return NULL;
+    if (kv->type != type)
+        die("metadata key '%s' has the wrong type: expected %s, found %s", key, GGUF_TYPE_NAME[type],
+            GGUF_TYPE_NAME[kv->type]);
+    return kv;
+}
+
+static uint32_t gguf_u32(const GGUF *g, const char *key, int required, uint32_t def) {
+    const GGUFKV *kv = gguf_need(g, key, GGUF_TYPE_U32);
+    if (!kv) {
+        if (required) die("required metadata key '%s' is missing", key);
+        return def;
+    }
+    uint32_t v;
+    memcpy(&v, kv->data, 4);
+    return v;
+}
+
+static float gguf_f32(const GGUF *g, const char *key, int required, float def) {
+    const GGUFKV *kv = gguf_need(g, key, GGUF_TYPE_F32);
+    if (!kv) {
+        if (required) die("required metadata key '%s' is missing", key);
+        return def;
+    }
+    float v;
+    memcpy(&v, kv->data, 4);
+    return v;
+}
+
+static int gguf_bool(const GGUF *g, const char *key, int def) {
+    const GGUFKV *kv = gguf_need(g, key, GGUF_TYPE_BOOL);
+    return kv ? kv->data[0] != 0 : def;
+}
+
+// A string value copied into buf (truncated to fit); returns NULL when the key is absent.
+static const char *gguf_str(const GGUF *g, const char *key, char *buf, size_t cap) {
+    const GGUFKV *kv = gguf_need(g, key, GGUF_TYPE_STRING);
+    if (!kv) return NULL;
+    size_t n = kv->n < cap - 1 ? (size_t)kv->n : cap - 1;
+    memcpy(buf, kv->data, n);
+    buf[n] = 0;
+    return buf;
+}
+
+// Read an integer-valued key that may be stored as a u32/i32 scalar or as an array of them (one
+// value per layer, e.g. feed_forward_length). Fills out[0..n); a scalar is repeated. Returns 0 when
+// the key is absent.
+static int gguf_int_or_arr(const GGUF *g, const char *key, int32_t *out, int n) {
+    const GGUFKV *kv = gguf_find(g, key);
+    if (!kv) return 0;
+    if (kv->type == GGUF_TYPE_U32 || kv->type == GGUF_TYPE_I32) {
+        int32_t v;
+        memcpy(&v, kv->data, 4);
+        for (int i = 0; i < n; i++) out[i] = v;
+        return 1;
+    }
+    if (kv->type == GGUF_TYPE_ARRAY && (kv->arr_type == GGUF_TYPE_U32 || kv->arr_type == GGUF_TYPE_I32)) {
+        if (kv->n != (uint64_t)n)
+            die("metadata key '%s' has %llu entries, expected %d", key, (unsigned long long)kv->n, n);
+        memcpy(out, kv->data, (size_t)n * 4);
+        return 1;
+    }
+    die("metadata key '%s' has the wrong type: expected u32/i32 or an array of them, found %s%s%s", key,
+        GGUF_TYPE_NAME[kv->type], kv->type == GGUF_TYPE_ARRAY ? " of " : "",
+        kv->type == GGUF_TYPE_ARRAY ? GGUF_TYPE_NAME[kv->arr_type] : "");
+    return 0;
+}
+
+// Walk a string array: call it with *p = kv->data first; each call returns one element.
+static const char *gguf_next_str(const uint8_t **p, uint64_t *len) {
+    uint64_t n;
+    memcpy(&n, *p, 8); // bounds were checked when the file was parsed
+    const char *s = (const char *)(*p + 8);
+    *p += 8 + n;
+    *len = n;
+    return s;
+}
+
+static const GGUFTensor *gguf_tensor(const GGUF *g, const char *name) {
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if (strcmp(g->tensors[i].name, name) == 0) return &g->tensors[i];
+    return NULL;
+}
+
+// ------------------------------------------------------------------------------------------------
+// 3. Tensor types: block layouts and their C dequantizers
+// ------------------------------------------------------------------------------------------------
+// A quantized row is a sequence of blocks; each block stores `blck` weights in `type_size` bytes.
+// The dequantizers below are the readable definition of each format: the GPU mat-vec kernels of
+// section 6 compute exactly these values, and the tests check that they do. Scales (d, dmin, m)
+// are IEEE fp16, stored as raw bits.
+
+enum {
+    GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q5_0 = 6, GGML_TYPE_Q5_1 = 7, GGML_TYPE_Q8_0 = 8, GGML_TYPE_Q4_K = 12,
+    GGML_TYPE_Q5_K = 13, GGML_TYPE_Q6_K = 14, GGML_TYPE_IQ4_NL = 20, GGML_TYPE_IQ4_XS = 23,
+    GGML_TYPE_BF16 = 30,
+};
+
+// The types this engine computes with. Any other type is named with its tensor and refused.
+static int type_supported(int t) {
+    switch (t) {
+    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16: case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: case GGML_TYPE_Q8_0:
+    case GGML_TYPE_IQ4_NL: case GGML_TYPE_IQ4_XS: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K: return 1;
+    default: return 0;
+    }
+}
+
+// Bytes of one row of n elements.
+static size_t row_bytes(int type, int64_t n) {
+    return (size_t)(n / TYPE_TRAITS[type].blck) * TYPE_TRAITS[type].type_size;
+}
+
+// Q4_0: 32 weights, one scale.            | d (f16) | qs[16]: low nibbles = w[0..15], high = w[16..31] |
+//   w[j] = d * (q[j] - 8)
+typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;
+// Q4_1: as Q4_0 with a minimum instead of the fixed -8.   | d | m | qs[16] |     w[j] = d*q[j] + m
+typedef struct { uint16_t d, m; uint8_t qs[16]; } block_q4_1;
+// Q5_0: 4 low bits in qs as Q4_0, the 5th bit of w[j] is bit j of the 32-bit qh.
+//   | d | qh[4] | qs[16] |      w[j] = d * (q5[j] - 16)
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;
+// Q5_1: | d | m | qh[4] | qs[16] |      w[j] = d * q5[j] + m
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } block_q5_1;
+// Q8_0: | d | qs[32] int8 |             w[j] = d * qs[j]
+typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
+// IQ4_NL: as Q4_0, but the nibble indexes a fixed non-linear table.   w[j] = d * kvalues[q[j]]
+typedef struct { uint16_t d; uint8_t qs[16]; } block_iq4_nl;
+// IQ4_XS: 256 weights = 8 sub-blocks of 32, each with a 6-bit scale split into 4 low bits
+// (scales_l, two per byte) and 2 high bits (scales_h, two per sub-block).
+//   | d | scales_h (u16) | scales_l[4] | qs[128]: sub-block ib uses qs[16ib..16ib+15] as in IQ4_NL |
+//   w[32ib + j] = d * (ls(ib) - 32) * kvalues[q]
+typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } block_iq4_xs;
+// Q4_K: 256 weights = 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit min packed in
+// scales[12] (see k_scale_min), super-block scales d and dmin.
+//   | d | dmin | scales[12] | qs[128]: bytes 32c..32c+31 hold sub-block 2c (low) and 2c+1 (high) |
+//   w = d*sc*q - dmin*m
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
+// Q5_K: Q4_K plus a 5th bit: bit `sub` of qh[l] belongs to element l of sub-block `sub`.
+//   | d | dmin | scales[12] | qh[32] | qs[128] |
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } block_q5_K;
+// Q6_K: 256 weights = 16 groups of 16 with int8 scales; 4 low bits in ql, 2 high bits in qh.
+//   | ql[128] | qh[64] | scales[16] int8 | d |        (d is last)       w = d * sc * (q6 - 32)
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } block_q6_K;
+
+static_assert(sizeof(block_q4_0) == 18, "block_q4_0");
+static_assert(sizeof(block_q4_1) == 20, "block_q4_1");
+static_assert(sizeof(block_q5_0) == 22, "block_q5_0");
+static_assert(sizeof(block_q5_1) == 24, "block_q5_1");
+static_assert(sizeof(block_q8_0) == 34, "block_q8_0");
+static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl");
+static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs");
+static_assert(sizeof(block_q4_K) == 144, "block_q4_K");
+static_assert(sizeof(block_q5_K) == 176, "block_q5_K");
+static_assert(sizeof(block_q6_K) == 210, "block_q6_K");
+
+// The 16 values a 4-bit IQ4 index stands for (non-linear: denser near zero).
+static const int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                         1,    13,   25,  38,  53,  69,  89,  113};
+
+// K-quants pack eight 6-bit (scale, min) pairs into 12 bytes:
+//   sub-blocks 0..3: scale = s[j] & 63,                     min = s[j+4] & 63
+//   sub-blocks 4..7: scale = low 4 of s[j+4] | top 2 of s[j-4] << 4,
+//                    min   = high 4 of s[j+4] | top 2 of s[j] << 4
+static void k_scale_min(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+static void dequant_q4_0(const block_q4_0 *b, float *y) {
+    float d = fp16_to_f32(b->d);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * ((b->qs[j] & 0xf) - 8);
+        y[j + 16] = d * ((b->qs[j] >> 4) - 8);
+    }
+}
+static void dequant_q4_1(const block_q4_1 *b, float *y) {
+    float d = fp16_to_f32(b->d), m = fp16_to_f32(b->m);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * (b->qs[j] & 0xf) + m;
+        y[j + 16] = d * (b->qs[j] >> 4) + m;
+    }
+}
+static void dequant_q5_0(const block_q5_0 *b, float *y) {
+    float d = fp16_to_f32(b->d);
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    for (int j = 0; j < 16; j++) {
+        int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
+        y[j] = d * (((b->qs[j] & 0xf) | (h0 << 4)) - 16);
+        y[j + 16] = d * (((b->qs[j] >> 4) | (h1 << 4)) - 16);
+    }
+}
+static void dequant_q5_1(const block_q5_1 *b, float *y) {
+    float d = fp16_to_f32(b->d), m = fp16_to_f32(b->m);
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    for (int j = 0; j < 16; j++) {
+        int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
+        y[j] = d * ((b->qs[j] & 0xf) | (h0 << 4)) + m;
+        y[j + 16] = d * ((b->qs[j] >> 4) | (h1 << 4)) + m;
+    }
+}
+static void dequant_q8_0(const block_q8_0 *b, float *y) {
+    float d = fp16_to_f32(b->d);
+    for (int j = 0; j < 32; j++) y[j] = d * b->qs[j];
+}
+static void dequant_iq4_nl(const block_iq4_nl *b, float *y) {
+    float d = fp16_to_f32(b->d);
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * KVALUES_IQ4NL[b->qs[j] & 0xf];
+        y[j + 16] = d * KVALUES_IQ4NL[b->qs[j] >> 4];
+    }
+}
+static void dequant_iq4_xs(const block_iq4_xs *b, float *y) {
+    float d = fp16_to_f32(b->d);
+    for (int ib = 0; ib < 8; ib++) {
+        int ls = ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+        float dl = d * (ls - 32);
+        const uint8_t *q = b->qs + 16 * ib;
+        for (int j = 0; j < 16; j++) {
+            y[32 * ib + j] = dl * KVALUES_IQ4NL[q[j] & 0xf];
+            y[32 * ib + 16 + j] = dl * KVALUES_IQ4NL[q[j] >> 4];
+        }
+    }
+}
+static void dequant_q4_K(const block_q4_K *b, float *y) {
+    float d = fp16_to_f32(b->d), dmin = fp16_to_f32(b->dmin);
+    for (int c = 0; c < 4; c++) { // 4 chunks of 64 = two sub-blocks sharing 32 bytes of qs
+        const uint8_t *q = b->qs + 32 * c;
+        int sc1, m1, sc2, m2;
+        k_scale_min(2 * c, b->scales, &sc1, &m1);
+        k_scale_min(2 * c + 1, b->scales, &sc2, &m2);
+        for (int l = 0; l < 32; l++) {
+            y[64 * c + l] = d * sc1 * (q[l] & 0xf) - dmin * m1;
+            y[64 * c + 32 + l] = d * sc2 * (q[l] >> 4) - dmin * m2;
+        }
+    }
+}
+static void dequant_q5_K(const block_q5_K *b, float *y) {
+    float d = fp16_to_f32(b->d), dmin = fp16_to_f32(b->dmin);
+    for (int c = 0; c < 4; c++) {
+        const uint8_t *q = b->qs + 32 * c;
+        int sc1, m1, sc2, m2;
+        k_scale_min(2 * c, b->scales, &sc1, &m1);
+        k_scale_min(2 * c + 1, b->scales, &sc2, &m2);
+        for (int l = 0; l < 32; l++) {
+            int hi1 = (b->qh[l] >> (2 * c)) & 1, hi2 = (b->qh[l] >> (2 * c + 1)) & 1;
+            y[64 * c + l] = d * sc1 * ((q[l] & 0xf) + 16 * hi1) - dmin * m1;
+            y[64 * c + 32 + l] = d * sc2 * ((q[l] >> 4) + 16 * hi2) - dmin * m2;
+        }
+    }
+}
+static void dequant_q6_K(const block_q6_K *b, float *y) {
+    float d = fp16_to_f32(b->d);
+    for (int n = 0; n < 2; n++) { // two halves of 128
+        const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
+        const int8_t *sc = b->scales + 8 * n;
+        float *yy = y + 128 * n;
+        for (int l = 0; l < 32; l++) {
+            int is = l / 16;
+            int q1 = ((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            yy[l] = d * sc[is] * q1;
+            yy[l + 32] = d * sc[is + 2] * q2;
+            yy[l + 64] = d * sc[is + 4] * q3;
+            yy[l + 96] = d * sc[is + 6] * q4;
+        }
+    }
+}
+
+// Dequantize n consecutive elements (n a multiple of the block size) of any supported type.
+static void dequant_row(int type, const void *src, float *y, int64_t n) {
+    const uint8_t *p = (const uint8_t *)src;
+    int64_t nb = n / TYPE_TRAITS[type].blck;
+    switch (type) {
+    case GGML_TYPE_F32: memcpy(y, src, (size_t)n * 4); break;
+    case GGML_TYPE_F16: for (int64_t i = 0; i < n; i++) y[i] = fp16_to_f32(((const uint16_t *)src)[i]); break;
+    case GGML_TYPE_BF16: for (int64_t i = 0; i < n; i++) y[i] = bf16_to_f32(((const uint16_t *)src)[i]); break;
+    case GGML_TYPE_Q4_0: for (int64_t i = 0; i < nb; i++) dequant_q4_0((const block_q4_0 *)p + i, y + 32 * i); break;
+    case GGML_TYPE_Q4_1: for (int64_t i = 0; i < nb; i++) dequant_q4_1((const block_q4_1 *)p + i, y + 32 * i); break;
+    case GGML_TYPE_Q5_0: for (int64_t i = 0; i < nb; i++) dequant_q5_0((const block_q5_0 *)p + i, y + 32 * i); break;
+    case GGML_TYPE_Q5_1: for (int64_t i = 0; i < nb; i++) dequant_q5_1((const block_q5_1 *)p + i, y + 32 * i); break;
+    case GGML_TYPE_Q8_0: for (int64_t i = 0; i < nb; i++) dequant_q8_0((const block_q8_0 *)p + i, y + 32 * i); break;
+    case GGML_TYPE_IQ4_NL: for (int64_t i = 0; i < nb; i++) dequant_iq4_nl((const block_iq4_nl *)p + i, y + 32 * i); break;
+    case GGML_TYPE_IQ4_XS: for (int64_t i = 0; i < nb; i++) dequant_iq4_xs((const block_iq4_xs *)p + i, y + 256 * i); break;
+    case GGML_TYPE_Q4_K: for (int64_t i = 0; i < nb; i++) dequant_q4_K((const block_q4_K *)p + i, y + 256 * i); break;
+    case GGML_TYPE_Q5_K: for (int64_t i = 0; i < nb; i++) dequant_q5_K((const block_q5_K *)p + i, y + 256 * i); break;
+    case GGML_TYPE_Q6_K: for (int64_t i = 0; i < nb; i++) dequant_q6_K((const block_q6_K *)p + i, y + 256 * i); break;
+    default: die("dequant_row: unsupported type %s", type_name(type));
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// 4. Config and weights
+// ------------------------------------------------------------------------------------------------
+// Everything about the model's shape comes from the GGUF metadata; nothing is compiled in. Weights
+// are looked up by their GGUF name (kept verbatim in the strings below, so a reader can grep a
+// tensor from file to code) and checked against the shape the config implies.
+
+typedef enum { ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN35 } Arch;
+
+// The layer loop dispatches on the kind of each layer: qwen2/qwen3 have only attention layers;
+// qwen35 interleaves Gated DeltaNet (linear attention with a recurrent state) and attention.
+typedef enum { LAYER_ATTENTION, LAYER_DELTANET } LayerKind;
+
+#define MAX_LAYERS 256
+
+typedef struct {
+    Arch arch;
+    char arch_name[64];    // "qwen2" | "qwen3" | "qwen35": the prefix of the metadata keys
+    int n_embd;            // width of the residual stream
+    int n_ff;              // FFN hidden width
+    int n_layer;           // layers run in the main pass
+    int n_head, n_head_kv; // query heads, key/value heads (GQA: n_head % n_head_kv == 0)
+    int head_dim;          // per-head width of q and k (key_length); qwen3: n_head*head_dim may != n_embd
+    int n_rot;             // RoPE is applied to the first n_rot dims of each head (NEOX pairing)
+    int n_vocab;
+    int n_ctx_train;
+    float eps;             // every RMSNorm (and the L2 norm of qwen35)
+    float rope_base;       // theta_i = pos * freq_scale * rope_base^(-2i/n_rot)
+    float rope_freq_scale;
+    LayerKind kind[MAX_LAYERS];
+    int kv_slot[MAX_LAYERS]; // attention layer -> its index in the KV cache (-1 for others)
+    int n_kv_layers;         // layers that hold a KV cache
+} Config;
+
+// A tensor as the engine sees it: a 2-D weight of n_out rows by n_in elements (1-D vectors have
+// n_out = 1), its bytes in the mapped file and, once uploaded, on the device.
+typedef struct {
+    const char *name;      // GGUF name, NULL when the (optional) tensor is absent
+    int type;              // ggml type id
+    int64_t n_in, n_out;   // ne[0], ne[1]
+    const uint8_t *host;   // (n_out, row_bytes(type, n_in)) in the mapped file
+    size_t nbytes;
+    void *dev;             // same bytes in device memory, or NULL (host-only / not uploaded)
+} Tensor;
+
+typedef struct {
+    Tensor attn_norm;          // (n_embd) f32
+    Tensor wq;                 // (n_head*head_dim, n_embd)
+    Tensor wk, wv;             // (n_head_kv*head_dim, n_embd)
+    Tensor bq, bk, bv;         // (n_head*head_dim), (n_head_kv*head_dim) f32, qwen2 only (optional)
+    Tensor q_norm, k_norm;     // (head_dim) f32, qwen3: RMSNorm of each q/k head before RoPE
+    Tensor wo;                 // (n_embd, n_head*head_dim)
+    Tensor ffn_norm;           // (n_embd) f32
+    Tensor w_gate, w_up;       // (n_ff, n_embd)
+    Tensor w_down;             // (n_embd, n_ff)
+} LayerWeights;
+
+typedef struct {
+    Tensor token_embd;         // (n_vocab, n_embd); rows are gathered on the host (section 7)
+    Tensor output_norm;        // (n_embd) f32
+    Tensor output;             // (n_vocab, n_embd); token_embd again when the output is tied
+    Tensor output_bias;        // (n_vocab) f32, optional (qwen2)
+    LayerWeights layers[MAX_LAYERS];
+} Weights;
+
+typedef struct {
+    GGUF gguf;
+    Config c;
+    Weights w;
+} Model;
+
+static void config_from_gguf(Config *c, const GGUF *g) {
+    char arch[64], key[160], buf[64];
+    if (!gguf_str(g, "general.architecture", arch, sizeof arch))
+        die("required metadata key 'general.architecture' is missing");
+    if (strcmp(arch, "qwen2") == 0) c->arch = ARCH_QWEN2;
+    else if (strcmp(arch, "qwen3") == 0) c->arch = ARCH_QWEN3;
+    else if (strcmp(arch, "qwen35") == 0) c->arch = ARCH_QWEN35;
+    else die("architecture '%s' is not supported (qwen.cu runs qwen2, qwen3 and qwen35)", arch);
+    snprintf(c->arch_name, sizeof c->arch_name, "%s", arch);
+    if (c->arch == ARCH_QWEN35)
+        die("architecture 'qwen35' (Qwen3.5/3.6 Gated DeltaNet hybrid) is not supported by this build yet");
+
+#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
+    c->n_ctx_train = (int)gguf_u32(g, KEY("context_length"), 1, 0);
+    c->n_embd = (int)gguf_u32(g, KEY("embedding_length"), 1, 0);
+    int n_layer = (int)gguf_u32(g, KEY("block_count"), 1, 0);
+    if (n_layer < 1 || n_layer > MAX_LAYERS) die("%s = %d: must be 1..%d", key, n_layer, MAX_LAYERS);
+    c->n_layer = n_layer;
+
+    // Per-layer keys may be arrays; this engine needs them uniform across layers.
+    int32_t per_layer[MAX_LAYERS];
+    if (!gguf_int_or_arr(g, KEY("feed_forward_length"), per_layer, n_layer))
+        die("required metadata key '%s' is missing", key);
+    c->n_ff = per_layer[0];
+    for (int i = 1; i < n_layer; i++)
+        if (per_layer[i] != c->n_ff) die("%s varies across layers: not supported", key);
+    if (!gguf_int_or_arr(g, KEY("attention.head_count"), per_layer, n_layer))
+        die("required metadata key '%s' is missing", key);
+    c->n_head = per_layer[0];
+    for (int i = 1; i < n_layer; i++)
+        if (per_layer[i] != c->n_head) die("%s varies across layers: not supported", key);
+    c->n_head_kv = c->n_head;
+    if (gguf_int_or_arr(g, KEY("attention.head_count_kv"), per_layer, n_layer)) {
+        c->n_head_kv = per_layer[0];
+        for (int i = 1; i < n_layer; i++)
+            if (per_layer[i] != c->n_head_kv) die("%s varies across layers: not supported", key);
+    }
+    if (c->n_embd <= 0 || c->n_ff <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_ctx_train <= 0)
+        die("model dimensions must be positive (embedding %d, ffn %d, heads %d/%d, context %d)", c->n_embd,
+            c->n_ff, c->n_head, c->n_head_kv, c->n_ctx_train);
+    if (c->n_head % c->n_head_kv != 0)
+        die("attention.head_count %d is not a multiple of head_count_kv %d", c->n_head, c->n_head_kv);
+
+    c->head_dim = (int)gguf_u32(g, KEY("attention.key_length"), 0, (uint32_t)(c->n_embd / c->n_head));
+    int head_dim_v = (int)gguf_u32(g, KEY("attention.value_length"), 0, (uint32_t)(c->n_embd / c->n_head));
+    if (head_dim_v != c->head_dim) die("key_length %d != value_length %d: not supported", c->head_dim, head_dim_v);
+    if (c->head_dim <= 0 || c->head_dim > 512 || c->head_dim % 2)
+        die("attention.key_length = %d: must be even and at most 512", c->head_dim);
+    c->n_rot = (int)gguf_u32(g, KEY("rope.dimension_count"), 0, (uint32_t)c->head_dim);
+    if (c->n_rot != c->head_dim) die("%s.rope.dimension_count = %d, but %s rotates the whole head (%d)",
+                                     arch, c->n_rot, arch, c->head_dim);
+    c->rope_base = gguf_f32(g, KEY("rope.freq_base"), 0, 10000.0f);
+    c->rope_freq_scale = 1.0f;
+    if (gguf_str(g, KEY("rope.scaling.type"), buf, sizeof buf) && strcmp(buf, "none") != 0 &&
+        strcmp(buf, "linear") != 0)
+        die("RoPE scaling type '%s' is not supported (only none and linear)", buf);
+    float factor = gguf_f32(g, KEY("rope.scaling.factor"), 0, 0.0f);
+    if (factor == 0.0f) factor = gguf_f32(g, KEY("rope.scale_linear"), 0, 0.0f);
+    if (factor > 0.0f) c->rope_freq_scale = 1.0f / factor;
+    c->eps = gguf_f32(g, KEY("attention.layer_norm_rms_epsilon"), 1, 0.0f);
+    if (!(c->eps > 0.0f)) die("%s = %g: must be positive", key, c->eps);
+#undef KEY
+
+    c->n_kv_layers = 0;
+    for (int i = 0; i < n_layer; i++) {
+        c->kind[i] = LAYER_ATTENTION;
+        c->kv_slot[i] = c->n_kv_layers++;
+    }
+}
+
+// Look a tensor up by name and check it against the expected {n_in, n_out} (n_out = 1: a vector).
+// A missing required tensor, a wrong shape or an unsupported type is an error naming the tensor.
+static Tensor find_tensor(const GGUF *g, const char *name, int64_t n_in, int64_t n_out, int required) {
+    Tensor t;
+    memset(&t, 0, sizeof t);
+    const GGUFTensor *gt = gguf_tensor(g, name);
+    if (!gt) {
+        if (required) die("required tensor '%s' is missing from the file", name);
+        return t;
+    }
+    if (gt->ne[0] != n_in || gt->ne[1] != n_out || gt->ne[2] != 1 || gt->ne[3] != 1)
+        die("tensor '%s' has the wrong shape: expected {%lld, %lld}, found {%lld, %lld, %lld, %lld}", name,
+            (long long)n_in, (long long)n_out, (long long)gt->ne[0], (long long)gt->ne[1],
+            (long long)gt->ne[2], (long long)gt->ne[3]);
+    if (!type_supported(gt->type))
+        die("tensor '%s' has type %s, which qwen.cu does not support (supported: F32 F16 BF16 Q4_0 Q4_1 "
+            "Q5_0 Q5_1 Q8_0 IQ4_NL IQ4_XS Q4_K Q5_K Q6_K)", name, type_name(gt->type));
+    t.name = gt->name;
+    t.type = gt->type;
+    t.n_in = n_in;
+    t.n_out = n_out;
+    t.host = gt->data;
+    t.nbytes = gt->nbytes;
+    return t;
+}
+
+// Norm weights and biases are added to fp32 activations as they are: they must be F32 (llama.cpp's
+// converter always writes them so).
+static Tensor find_vector(const GGUF *g, const char *name, int64_t n, int required) {
+    Tensor t = find_tensor(g, name, n, 1, required);
+    if (t.name && t.type != GGML_TYPE_F32)
+        die("tensor '%s' has type %s; norm weights and biases must be F32", name, type_name(t.type));
+    return t;
+}
+
+static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
+    char name[GGUF_MAX_NAME + 32];
+    int64_t E = c->n_embd, F = c->n_ff, V = 0;
+    int64_t qdim = (int64_t)c->n_head * c->head_dim, kvdim = (int64_t)c->n_head_kv * c->head_dim;
+
+    const GGUFTensor *emb = gguf_tensor(g, "token_embd.weight");
+    if (!emb) die("required tensor 'token_embd.weight' is missing from the file");
+    V = emb->ne[1];
+    w->token_embd = find_tensor(g, "token_embd.weight", E, V, 1);
+    w->output_norm = find_vector(g, "output_norm.weight", E, 1);
+    w->output = find_tensor(g, "output.weight", E, V, 0);
+    if (!w->output.name) w->output = w->token_embd; // tied embeddings
+    if (c->arch == ARCH_QWEN2) w->output_bias = find_vector(g, "output.bias", V, 0);
+
+#define T(field, suffix, n_in, n_out, req) \
+    (snprintf(name, sizeof name, "blk.%d." suffix, l), L->field = find_tensor(g, name, n_in, n_out, req))
+#define VEC(field, suffix, n, req) \
+    (snprintf(name, sizeof name, "blk.%d." suffix, l), L->field = find_vector(g, name, n, req))
+    for (int l = 0; l < c->n_layer; l++) {
+        LayerWeights *L = &w->layers[l];
+        VEC(attn_norm, "attn_norm.weight", E, 1);
+        T(wq, "attn_q.weight", E, qdim, 1);
+        T(wk, "attn_k.weight", E, kvdim, 1);
+        T(wv, "attn_v.weight", E, kvdim, 1);
+        T(wo, "attn_output.weight", qdim, E, 1);
+        VEC(bq, "attn_q.bias", qdim, 0); // present in real qwen2 files, absent in qwen3
+        VEC(bk, "attn_k.bias", kvdim, 0);
+        VEC(bv, "attn_v.bias", kvdim, 0);
+        if (c->arch == ARCH_QWEN3) {
+            VEC(q_norm, "attn_q_norm.weight", c->head_dim, 1);
+            VEC(k_norm, "attn_k_norm.weight", c->head_dim, 1);
+        }
+        VEC(ffn_norm, "ffn_norm.weight", E, 1);
+        T(w_gate, "ffn_gate.weight", E, F, 1);
+        T(w_up, "ffn_up.weight", E, F, 1);
+        T(w_down, "ffn_down.weight", F, E, 1);
+    }
+#undef T
+#undef VEC
+}
+
+// Open a model file: parse, read the config, find every weight. Exits with a message on any error.
+static void model_open(Model *m, const char *path) {
+    memset(m, 0, sizeof *m);
+    if (gguf_open(&m->gguf, path) != 0) die("%s", m->gguf.err);
+    config_from_gguf(&m->c, &m->gguf);
+    weights_from_gguf(&m->w, &m->c, &m->gguf);
+    m->c.n_vocab = (int)m->w.token_embd.n_out;
+}
+
+// One token's embedding, dequantized from the mapped file: x = token_embd[token, :].
+static void embed_token(const Model *m, int token, float *x /* (n_embd) */) {
+    const Tensor *t = &m->w.token_embd;
+    dequant_row(t->type, t->host + (size_t)token * row_bytes(t->type, t->n_in), x, t->n_in);
+}
+
+// ------------------------------------------------------------------------------------------------
+// 5. CPU forward: the plain-C twin of the whole model
+// ------------------------------------------------------------------------------------------------
+// fp32 math on dequantized weights, an fp32 KV cache, dot products summed in double. This is the
+// "exact" math of the reference logits (only summation order differs); `--cpu` runs it, the tests
+// hold it to the reference, and every GPU kernel below has its twin here.
+
+typedef struct {
+    int n_ctx;
+    float *x;            // (n_embd) residual stream
+    float *xb;           // (n_embd) normalized input of the next mat-vec
+    float *q;            // (n_head*head_dim)
+    float *k, *v;        // (n_head_kv*head_dim)
+    float *att_out;      // (n_head*head_dim) attention output, heads concatenated
+    float *att;          // (n_ctx) attention weights of one head
+    float *hb, *hb2;     // (n_ff) FFN hidden: gate, up
+    float *logits;       // (n_vocab)
+    float *row;          // (max n_in) one dequantized weight row
+    float *key_cache;    // (n_kv_layers, n_ctx, n_head_kv*head_dim) fp32
+    float *value_cache;  // (n_kv_layers, n_ctx, n_head_kv*head_dim) fp32
+} CpuState;
+
+static void cpu_state_init(CpuState *s, const Config *c, int n_ctx) {
+    size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
+    size_t max_in = (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd);
+    if (qdim > max_in) max_in = qdim;
+    s->n_ctx = n_ctx;
+    s->x = (float *)xcalloc(c->n_embd, 4);
+    s->xb = (float *)xcalloc(c->n_embd, 4);
+    s->q = (float *)xcalloc(qdim, 4);
+    s->k = (float *)xcalloc(kvdim, 4);
+    s->v = (float *)xcalloc(kvdim, 4);
+    s->att_out = (float *)xcalloc(qdim, 4);
+    s->att = (float *)xcalloc(n_ctx, 4);
+    s->hb = (float *)xcalloc(c->n_ff, 4);
+    s->hb2 = (float *)xcalloc(c->n_ff, 4);
+    s->logits = (float *)xcalloc(c->n_vocab, 4);
+    s->row = (float *)xcalloc(max_in, 4);
+    s->key_cache = (float *)xcalloc((size_t)c->n_kv_layers * n_ctx * kvdim, 4);
+    s->value_cache = (float *)xcalloc((size_t)c->n_kv_layers * n_ctx * kvdim, 4);
+}
+
+static void cpu_state_free(CpuState *s) {
+    free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att_out); free(s->att);
+    free(s->hb); free(s->hb2); free(s->logits); free(s->row); free(s->key_cache); free(s->value_cache);
+}
+
+// y = W x (+ bias) (+ y when accumulate): one dequantized row at a time.
+static void matvec_c(const Tensor *W, const float *x /* (n_in) */, float *y /* (n_out) */,
+                     const Tensor *bias, int accumulate, float *row /* (n_in) scratch */) {
+    size_t rb = row_bytes(W->type, W->n_in);
+    for (int64_t r = 0; r < W->n_out; r++) {
+        dequant_row(W->type, W->host + r * rb, row, W->n_in);
+        double sum = 0.0;
+        for (int64_t i = 0; i < W->n_in; i++) sum += (double)row[i] * x[i];
+        if (bias && bias->name) sum += ((const float *)bias->host)[r];
+        y[r] = accumulate ? y[r] + (float)sum : (float)sum;
+    }
+}
+
+// RMSNorm: out = x / sqrt(mean(x^2) + eps) * w
+static void rmsnorm_c(float *out, const float *x, const float *w, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
+}
+
+// NEOX-style RoPE on each of n_heads heads: for i < n_rot/2 the pair (x[i], x[i + n_rot/2]) is
+// rotated by theta_i = pos * freq_scale * base^(-2i/n_rot); dims >= n_rot are left alone.
+static void rope_neox_c(float *v /* (n_heads, head_dim) */, int n_heads, int head_dim, int n_rot, int pos,
+                        float base, float freq_scale) {
+    int half = n_rot / 2;
+    for (int i = 0; i < half; i++) {
+        double theta = (double)pos * freq_scale * pow((double)base, -2.0 * i / n_rot);
+        float cs = (float)cos(theta), sn = (float)sin(theta);
+        for (int h = 0; h < n_heads; h++) {
+            float *p = v + (size_t)h * head_dim;
+            float x0 = p[i], x1 = p[i + half];
+            p[i] = x0 * cs - x1 * sn;
+            p[i + half] = x0 * sn + x1 * cs;
+        }
+    }
+}
+
+static float silu_c(float x) { return x / (1.0f + expf(-x)); }
+
+// Causal GQA attention of one token at `pos` over the cached positions 0..pos of one layer:
+//   out[h] = sum_t softmax_t(q[h] . K[t][h/g] / sqrt(head_dim)) V[t][h/g],   g = n_head / n_head_kv
+static void attention_c(float *out /* (n_head, hd) */, const float *q /* (n_head, hd) */,
+                        const float *kc /* (n_ctx, n_kv, hd) */, const float *vc /* (n_ctx, n_kv, hd) */,
+                        float *att /* (pos+1) */, int n_head, int n_kv, int hd, int pos) {
+    int g = n_head / n_kv;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int h = 0; h < n_head; h++) {
+        const float *qh = q + (size_t)h * hd;
+        int kvh = h / g;
+        float mx = -INFINITY;
+        for (int t = 0; t <= pos; t++) {
+            const float *kt = kc + ((size_t)t * n_kv + kvh) * hd;
+            double s = 0.0;
+            for (int i = 0; i < hd; i++) s += (double)qh[i] * kt[i];
+            att[t] = (float)s * scale;
+            if (att[t] > mx) mx = att[t];
+        }
+        double sum = 0.0;
+        for (int t = 0; t <= pos; t++) {
+            att[t] = expf(att[t] - mx);
+            sum += att[t];
+        }
+        float *oh = out + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) {
+            double o = 0.0;
+            for (int t = 0; t <= pos; t++) o += (double)att[t] * vc[((size_t)t * n_kv + kvh) * hd + i];
+            oh[i] = (float)(o / sum);
+        }
+    }
+}
+
+// One token through the model on the CPU; leaves the logits in s->logits.
+//   HF: hidden = embed(tok); for layer: hidden = layer(hidden); logits = lm_head(norm(hidden))
+static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
+    const Config *c = &m->c;
+    const Weights *w = &m->w;
+    int E = c->n_embd, hd = c->head_dim;
+    size_t kvdim = (size_t)c->n_head_kv * hd;
+    embed_token(m, token, s->x);
+
+    for (int l = 0; l < c->n_layer; l++) {
+        const LayerWeights *L = &w->layers[l];
+        // --- attention block: x = x + Wo · attn(rope(norm(x) Wq), rope(norm(x) Wk), norm(x) Wv)
+        rmsnorm_c(s->xb, s->x, (const float *)L->attn_norm.host, E, c->eps);
+        matvec_c(&L->wq, s->xb, s->q, &L->bq, 0, s->row);
+        matvec_c(&L->wk, s->xb, s->k, &L->bk, 0, s->row);
+        matvec_c(&L->wv, s->xb, s->v, &L->bv, 0, s->row);
+        if (L->q_norm.name) { // qwen3: RMSNorm over each head of q and k, before RoPE
+            for (int h = 0; h < c->n_head; h++)
+                rmsnorm_c(s->q + h * hd, s->q + h * hd, (const float *)L->q_norm.host, hd, c->eps);
+            for (int h = 0; h < c->n_head_kv; h++)
+                rmsnorm_c(s->k + h * hd, s->k + h * hd, (const float *)L->k_norm.host, hd, c->eps);
+        }
+        rope_neox_c(s->q, c->n_head, hd, c->n_rot, pos, c->rope_base, c->rope_freq_scale);
+        rope_neox_c(s->k, c->n_head_kv, hd, c->n_rot, pos, c->rope_base, c->rope_freq_scale);
+        float *kc = s->key_cache + (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
+        float *vc = s->value_cache + (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
+        memcpy(kc + pos * kvdim, s->k, kvdim * 4);
+        memcpy(vc + pos * kvdim, s->v, kvdim * 4);
+        attention_c(s->att_out, s->q, kc, vc, s->att, c->n_head, c->n_head_kv, hd, pos);
+        matvec_c(&L->wo, s->att_out, s->x, NULL, 1, s->row);
+
+        // --- FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
+        rmsnorm_c(s->xb, s->x, (const float *)L->ffn_norm.host, E, c->eps);
+        matvec_c(&L->w_gate, s->xb, s->hb, NULL, 0, s->row);
+        matvec_c(&L->w_up, s->xb, s->hb2, NULL, 0, s->row);
+        for (int i = 0; i < c->n_ff; i++) s->hb[i] = silu_c(s->hb[i]) * s->hb2[i];
+        matvec_c(&L->w_down, s->hb, s->x, NULL, 1, s->row);
+    }
+    rmsnorm_c(s->xb, s->x, (const float *)w->output_norm.host, E, c->eps);
+    matvec_c(&w->output, s->xb, s->logits, &w->output_bias, 0, s->row);
+}
+
+// ------------------------------------------------------------------------------------------------
+// 6. GPU kernels
+// ------------------------------------------------------------------------------------------------
+// One kernel per operation; the C twin of each is named in its comment. Only sm_70 features are
+// used (no bf16 arithmetic, no cp.async, no ldmatrix/mma.m16n8k*), so the same source builds for a
+// V100 and runs on every later card.
+
+#define WARP 32
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
+    v = warp_sum(v);
+    if (lane == 0) part[wid] = v;
+    __syncthreads();
+    if (wid == 0) {
+        v = lane < (int)(blockDim.x / WARP) ? part[lane] : 0.0f;
+        v = warp_sum(v);
+        if (lane == 0) total = v;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads(); // part/total may be reused by the next call
+    return r;
+}
+__device__ float block_max(float v) {
+    __shared__ float part[32];
+    __shared__ float total;
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
+    v = warp_max(v);
+    if (lane == 0) part[wid] = v;
+    __syncthreads();
+    if (wid == 0) {
+        v = lane < (int)(blockDim.x / WARP) ? part[lane] : -INFINITY;
+        v = warp_max(v);
+        if (lane == 0) total = v;
+    }
+    __syncthreads();
+    float r = total;
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float h2f(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+
+__device__ const int8_t D_KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                               1,    13,   25,  38,  53,  69,  89,  113};
+
+// --- generic mat-vec: dot products over units of 32 weights -------------------------------------
+// dot32<TYPE>(row, u, x, n_in) = sum_{j<32} w[32u + j] * x[32u + j], where w is the dequantized row
+// (exactly the values of dequant_row). Every supported type splits into such units: a 32-block is
+// one unit, a 256-superblock is eight. Float types bound the last unit by n_in.
+
+template <int TYPE> __device__ float dot32(const uint8_t *row, int u, const float *x, int n_in);
+
+template <> __device__ float dot32<GGML_TYPE_F32>(const uint8_t *row, int u, const float *x, int n_in) {
+    const float *w = (const float *)row;
+    float s = 0.0f;
+    for (int j = 32 * u; j < 32 * u + 32 && j < n_in; j++) s += w[j] * x[j];
+    return s;
+}
+template <> __device__ float dot32<GGML_TYPE_F16>(const uint8_t *row, int u, const float *x, int n_in) {
+    const uint16_t *w = (const uint16_t *)row;
+    float s = 0.0f;
+    for (int j = 32 * u; j < 32 * u + 32 && j < n_in; j++) s += h2f(w[j]) * x[j];
+    return s;
+}
+template <> __device__ float dot32<GGML_TYPE_BF16>(const uint8_t *row, int u, const float *x, int n_in) {
+    const uint16_t *w = (const uint16_t *)row;
+    float s = 0.0f;
+    for (int j = 32 * u; j < 32 * u + 32 && j < n_in; j++) s += __uint_as_float((uint32_t)w[j] << 16) * x[j];
+    return s;
+}
+template <> __device__ float dot32<GGML_TYPE_Q4_0>(const uint8_t *row, int u, const float *x, int) {
+    const block_q4_0 *b = (const block_q4_0 *)row + u;
+    x += 32 * u;
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++) s += ((b->qs[j] & 0xf) - 8) * x[j] + ((b->qs[j] >> 4) - 8) * x[j + 16];
+    return h2f(b->d) * s;
+}
+template <> __device__ float dot32<GGML_TYPE_Q4_1>(const uint8_t *row, int u, const float *x, int) {
+    const block_q4_1 *b = (const block_q4_1 *)row + u;
+    x += 32 * u;
+    float d = h2f(b->d), m = h2f(b->m), s = 0.0f;
+    for (int j = 0; j < 16; j++) s += (d * (b->qs[j] & 0xf) + m) * x[j] + (d * (b->qs[j] >> 4) + m) * x[j + 16];
+    return s;
+}
+template <> __device__ float dot32<GGML_TYPE_Q5_0>(const uint8_t *row, int u, const float *x, int) {
+    const block_q5_0 *b = (const block_q5_0 *)row + u;
+    x += 32 * u;
+    uint32_t qh = b->qh[0] | (b->qh[1] << 8) | (b->qh[2] << 16) | ((uint32_t)b->qh[3] << 24);
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        int q0 = ((b->qs[j] & 0xf) | (((qh >> j) & 1) << 4)) - 16;
+        int q1 = ((b->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
+        s += q0 * x[j] + q1 * x[j + 16];
+    }
+    return h2f(b->d) * s;
+}
+template <> __device__ float dot32<GGML_TYPE_Q5_1>(const uint8_t *row, int u, const float *x, int) {
+    const block_q5_1 *b = (const block_q5_1 *)row + u;
+    x += 32 * u;
+    uint32_t qh = b->qh[0] | (b->qh[1] << 8) | (b->qh[2] << 16) | ((uint32_t)b->qh[3] << 24);
+    float d = h2f(b->d), m = h2f(b->m), s = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        int q0 = (b->qs[j] & 0xf) | (((qh >> j) & 1) << 4);
+        int q1 = (b->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        s += (d * q0 + m) * x[j] + (d * q1 + m) * x[j + 16];
+    }
+    return s;
+}
+template <> __device__ float dot32<GGML_TYPE_Q8_0>(const uint8_t *row, int u, const float *x, int) {
+    const block_q8_0 *b = (const block_q8_0 *)row + u;
+    x += 32 * u;
+    float s = 0.0f;
+    for (int j = 0; j < 32; j++) s += b->qs[j] * x[j];
+    return h2f(b->d) * s;
+}
+template <> __device__ float dot32<GGML_TYPE_IQ4_NL>(const uint8_t *row, int u, const float *x, int) {
+    const block_iq4_nl *b = (const block_iq4_nl *)row + u;
+    x += 32 * u;
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++)
+        s += D_KVALUES_IQ4NL[b->qs[j] & 0xf] * x[j] + D_KVALUES_IQ4NL[b->qs[j] >> 4] * x[j + 16];
+    return h2f(b->d) * s;
+}
+template <> __device__ float dot32<GGML_TYPE_IQ4_XS>(const uint8_t *row, int u, const float *x, int) {
+    const block_iq4_xs *b = (const block_iq4_xs *)row + u / 8;
+    int ib = u % 8;
+    x += 32 * u;
+    int ls = ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+    const uint8_t *q = b->qs + 16 * ib;
+    float s = 0.0f;
+    for (int j = 0; j < 16; j++) s += D_KVALUES_IQ4NL[q[j] & 0xf] * x[j] + D_KVALUES_IQ4NL[q[j] >> 4] * x[j + 16];
+    return h2f(b->d) * (ls - 32) * s;
+}
+__device__ __forceinline__ void k_scale_min_dev(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) { *sc = s[j] & 63; *m = s[j + 4] & 63; }
+    else { *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4); *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
+}
+template <> __device__ float dot32<GGML_TYPE_Q4_K>(const uint8_t *row, int u, const float *x, int) {
+    const block_q4_K *b = (const block_q4_K *)row + u / 8;
+    int sub = u % 8, shift = 4 * (sub % 2); // sub-block 2c: low nibbles of qs[32c..], 2c+1: high
+    x += 32 * u;
+    const uint8_t *q = b->qs + 32 * (sub / 2);
+    int sc, m;
+    k_scale_min_dev(sub, b->scales, &sc, &m);
+    float sq = 0.0f, sx = 0.0f;
+    for (int l = 0; l < 32; l++) { sq += ((q[l] >> shift) & 0xf) * x[l]; sx += x[l]; }
+    return h2f(b->d) * sc * sq - h2f(b->dmin) * m * sx;
+}
+template <> __device__ float dot32<GGML_TYPE_Q5_K>(const uint8_t *row, int u, const float *x, int) {
+    const block_q5_K *b = (const block_q5_K *)row + u / 8;
+    int sub = u % 8, shift = 4 * (sub % 2);
+    x += 32 * u;
+    const uint8_t *q = b->qs + 32 * (sub / 2);
+    int sc, m;
+    k_scale_min_dev(sub, b->scales, &sc, &m);
+    float sq = 0.0f, sx = 0.0f;
+    for (int l = 0; l < 32; l++) {
+        int v = ((q[l] >> shift) & 0xf) + 16 * ((b->qh[l] >> sub) & 1);
+        sq += v * x[l];
+        sx += x[l];
+    }
+    return h2f(b->d) * sc * sq - h2f(b->dmin) * m * sx;
+}
+template <> __device__ float dot32<GGML_TYPE_Q6_K>(const uint8_t *row, int u, const float *x, int) {
+    const block_q6_K *b = (const block_q6_K *)row + u / 8;
+    int sub = u % 8, n = sub / 4, j = sub % 4; // half n, quarter j: (low|high nibble) x (ql|ql+32)
+    x += 32 * u;
+    const uint8_t *ql = b->ql + 64 * n + 32 * (j % 2), *qh = b->qh + 32 * n;
+    const int8_t *sc = b->scales + 8 * n + 2 * j;
+    int lshift = 4 * (j / 2), hshift = 2 * j;
+    float s0 = 0.0f, s1 = 0.0f; // the two 16-element halves have their own scale
+    for (int l = 0; l < 16; l++) s0 += ((((ql[l] >> lshift) & 0xf) | (((qh[l] >> hshift) & 3) << 4)) - 32) * x[l];
+    for (int l = 16; l < 32; l++) s1 += ((((ql[l] >> lshift) & 0xf) | (((qh[l] >> hshift) & 3) << 4)) - 32) * x[l];
+    return h2f(b->d) * (sc[0] * s0 + sc[1] * s1);
+}
+
+// y[r] = W[r,:] . x (+ bias[r]) (+ y[r] when accumulate). One warp per row; the lanes take the
+// row's 32-weight units in turn and their partial sums meet in a shuffle reduction.
+// C twin: matvec_c.
+template <int TYPE>
+__global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride bytes)
+                                      size_t row_stride,
+                                      const float *x,      // (n_in)
+                                      const float *bias,   // (n_out) or NULL
+                                      float *y,            // (n_out)
+                                      int n_in, int n_out, int accumulate) {
+    int row = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    if (row >= n_out) return;
+    const uint8_t *w = W + (size_t)row * row_stride;
+    int n_units = (n_in + 31) / 32;
+    float sum = 0.0f;
+    for (int u = lane; u < n_units; u += WARP) sum += dot32<TYPE>(w, u, x, n_in);
+    sum = warp_sum(sum);
+    if (lane == 0) {
+        if (bias) sum += bias[row];
+        y[row] = accumulate ? y[row] + sum : sum;
+    }
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w, one block. C twin: rmsnorm_c.
+__global__ void rmsnorm_kernel(float *out, const float *x, const float *w /* (n) */, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+    ss = block_sum(ss);
+    float scale = rsqrtf(ss / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = x[i] * scale * w[i];
+}
+
+// RMSNorm of each head in place (qwen3 q/k norm): one block per head. C twin: rmsnorm_c per head.
+__global__ void head_rmsnorm_kernel(float *v /* (n_heads, hd) */, const float *w /* (hd) */, int hd, float eps) {
+    float *p = v + (size_t)blockIdx.x * hd;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += p[i] * p[i];
+    ss = block_sum(ss);
+    float scale = rsqrtf(ss / hd + eps);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) p[i] = p[i] * scale * w[i];
+}
+
+// NEOX RoPE on q (in place) and k, then k and v appended to the fp16 cache at `pos`.
+// Grid: one block per head, q heads first then kv heads; thread i < n_rot/2 rotates the pair
+// (i, i + n_rot/2), threads >= n_rot copy the pass-through dims. C twin: rope_neox_c + the memcpy
+// into the cache in forward_cpu.
+__global__ void rope_and_kv_store_kernel(float *q,        // (n_head, hd) roped in place
+                                         const float *k,  // (n_kv, hd)
+                                         const float *v,  // (n_kv, hd)
+                                         __half *kc,      // (n_kv, hd) this position's cache row
+                                         __half *vc,      // (n_kv, hd)
+                                         int n_head, int hd, int n_rot, int pos, float base, float freq_scale) {
+    int h = blockIdx.x;
+    int half_rot = n_rot / 2;
+    int is_q = h < n_head;
+    const float *src = is_q ? q + (size_t)h * hd : k + (size_t)(h - n_head) * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        if (i < half_rot) {
+            double theta = (double)pos * freq_scale * pow((double)base, -2.0 * i / n_rot);
+            float cs = (float)cos(theta), sn = (float)sin(theta);
+            float x0 = src[i], x1 = src[i + half_rot];
+            float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
+            if (is_q) {
+                q[(size_t)h * hd + i] = y0;
+                q[(size_t)h * hd + i + half_rot] = y1;
+            } else {
+                kc[(size_t)(h - n_head) * hd + i] = __float2half(y0);
+                kc[(size_t)(h - n_head) * hd + i + half_rot] = __float2half(y1);
+            }
+        } else if (i >= n_rot && !is_q) {
+            kc[(size_t)(h - n_head) * hd + i] = __float2half(src[i]);
+        }
+        if (!is_q) vc[(size_t)(h - n_head) * hd + i] = __float2half(v[(size_t)(h - n_head) * hd + i]);
+    }
+}
+
+// Causal GQA attention for one new token at `pos`: one block per query head.
+//   scores[t] = q . K[t] / sqrt(hd) for t <= pos, softmax in fp32, out = sum_t p[t] V[t].
+// Scores go to a global scratch row per head (no limit on the context length). C twin: attention_c.
+__global__ void attention_kernel(float *out,          // (n_head, hd)
+                                 const float *q,      // (n_head, hd)
+                                 const __half *kc,    // (n_ctx, n_kv, hd) this layer's key cache
+                                 const __half *vc,    // (n_ctx, n_kv, hd)
+                                 float *scores,       // (n_head, n_ctx) scratch
+                                 int n_head, int n_kv, int hd, int n_ctx, int pos) {
+    extern __shared__ float q_sh[]; // (hd)
+    int h = blockIdx.x, kvh = h / (n_head / n_kv);
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    float *sc = scores + (size_t)h * n_ctx;
+    float scale = rsqrtf((float)hd);
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) q_sh[i] = q[(size_t)h * hd + i];
+    __syncthreads();
+    // one warp per key: lanes split the head dims
+    for (int t = wid; t <= pos; t += nw) {
+        const __half *kt = kc + ((size_t)t * n_kv + kvh) * hd;
+        float s = 0.0f;
+        for (int i = lane; i < hd; i += WARP) s += q_sh[i] * __half2float(kt[i]);
+        s = warp_sum(s);
+        if (lane == 0) sc[t] = s * scale;
+    }
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int t = threadIdx.x; t <= pos; t += blockDim.x) mx = fmaxf(mx, sc[t]);
+    mx = block_max(mx);
+    float sum = 0.0f;
+    for (int t = threadIdx.x; t <= pos; t += blockDim.x) {
+        float e = __expf(sc[t] - mx);
+        sc[t] = e;
+        sum += e;
+    }
+    sum = block_sum(sum); // block_sum's barrier also makes every sc[t] visible below
+    float inv = 1.0f / sum;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float o = 0.0f;
+        for (int t = 0; t <= pos; t++) o += sc[t] * __half2float(vc[((size_t)t * n_kv + kvh) * hd + i]);
+        out[(size_t)h * hd + i] = o * inv;
+    }
+}
+
+// hb = silu(hb) * hb2. C twin: the loop in forward_cpu.
+__global__ void silu_mul_kernel(float *hb /* (n) */, const float *hb2 /* (n) */, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = hb[i];
+        hb[i] = g / (1.0f + __expf(-g)) * hb2[i];
+    }
+}
+
+// Host launcher: y = W x (+ bias) (+ y).
+static void matvec(const Tensor *W, const float *x, float *y, const float *bias, int accumulate, cudaStream_t st) {
+    const int rows_per_block = 4;
+    dim3 grid((unsigned)((W->n_out + rows_per_block - 1) / rows_per_block)), block(rows_per_block * WARP);
+    size_t stride = row_bytes(W->type, W->n_in);
+    const uint8_t *w = (const uint8_t *)W->dev;
+    int n_in = (int)W->n_in, n_out = (int)W->n_out;
+    switch (W->type) {
+#define CASE(T) case T: matvec_generic_kernel<T><<<grid, block, 0, st>>>(w, stride, x, bias, y, n_in, n_out, accumulate); break
+    CASE(GGML_TYPE_F32); CASE(GGML_TYPE_F16); CASE(GGML_TYPE_BF16); CASE(GGML_TYPE_Q4_0); CASE(GGML_TYPE_Q4_1);
+    CASE(GGML_TYPE_Q5_0); CASE(GGML_TYPE_Q5_1); CASE(GGML_TYPE_Q8_0); CASE(GGML_TYPE_IQ4_NL);
+    CASE(GGML_TYPE_IQ4_XS); CASE(GGML_TYPE_Q4_K); CASE(GGML_TYPE_Q5_K); CASE(GGML_TYPE_Q6_K);
+#undef CASE
+    default: die("no GPU mat-vec for type %s (tensor '%s')", type_name(W->type), W->name);
+    }
+    KERNEL_CHECK();
+}
+
+// ------------------------------------------------------------------------------------------------
+// 7. GPU forward: device memory, weight upload, the per-token layer loop
+// ------------------------------------------------------------------------------------------------
+// All device memory is allocated once, before the first token: the weights in one allocation walked
+// by a pointer, the run state in another. Nothing is allocated in the token loop.
+
+typedef struct {
+    int n_ctx;
+    cudaStream_t stream;
+    void *weights;         // one allocation holding every uploaded weight
+    size_t weight_bytes;
+    void *arena;           // one allocation holding everything below
+    size_t arena_bytes;
+    float *x;              // (n_embd) residual stream
+    float *xb;             // (n_embd) normalized input of the next mat-vec
+    float *q;              // (n_head*head_dim)
+    float *k, *v;          // (n_head_kv*head_dim)
+    float *att_out;        // (n_head*head_dim)
+    float *scores;         // (n_head, n_ctx) attention scratch
+    float *hb, *hb2;       // (n_ff)
+    float *logits;         // (n_vocab)
+    __half *key_cache;     // (n_kv_layers, n_ctx, n_head_kv, head_dim)
+    __half *value_cache;   // (n_kv_layers, n_ctx, n_head_kv, head_dim)
+    float *h_x;            // pinned host (n_embd): the embedding row on its way up
+    float *h_logits;       // pinned host (n_vocab): logits on their way down
+} GpuState;
+
+// Is there a usable CUDA device? (CI machines have none: GPU paths are then skipped or refused.)
+static int gpu_available(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); // clear the sticky "no driver" error
+        return 0;
+    }
+    return n > 0;
+}
+
+#define ALIGN256(n) (((n) + 255) & ~(size_t)255)
+
+// Every tensor the GPU reads, in file order (so the upload streams through the file once).
+// token_embd stays in host memory unless the output is tied to it: each token needs one row.
+static int gpu_weight_list(Model *m, Tensor **list) {
+    int n = 0;
+    Weights *w = &m->w;
+    Tensor *all[16 + MAX_LAYERS * 16];
+    int na = 0;
+    all[na++] = &w->output_norm;
+    all[na++] = &w->output;
+    all[na++] = &w->output_bias;
+    for (int l = 0; l < m->c.n_layer; l++) {
+        LayerWeights *L = &w->layers[l];
+        Tensor *lt[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk, &L->bv, &L->q_norm,
+                        &L->k_norm, &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) all[na++] = lt[i];
+    }
+    for (int i = 0; i < na; i++)
+        if (all[i]->name) list[n++] = all[i];
+    // sort by file position: a simple insertion sort, a few hundred entries
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && list[j - 1]->host > list[j]->host; j--) {
+            Tensor *t = list[j]; list[j] = list[j - 1]; list[j - 1] = t;
+        }
+    return n;
+}
+
+// Copy every weight the GPU needs into one device allocation, through a pinned staging buffer
+// (two halves, so reading the file overlaps the copy to the card). Host memory stays bounded by the
+// staging buffer: the mapped file is never copied whole.
+static void upload_weights(Model *m, GpuState *s) {
+    static Tensor *list[16 + MAX_LAYERS * 16];
+    int n = gpu_weight_list(m, list);
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += ALIGN256(list[i]->nbytes);
+    CUDA_CHECK(cudaMalloc(&s->weights, total));
+    s->weight_bytes = total;
+
+    const size_t chunk = 32u << 20;
+    uint8_t *stage;
+    CUDA_CHECK(cudaMallocHost((void **)&stage, 2 * chunk));
+    cudaEvent_t done[2];
+    CUDA_CHECK(cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(done[0], s->stream));
+    CUDA_CHECK(cudaEventRecord(done[1], s->stream));
+
+    double t0 = now_sec(), last_print = 0;
+    int show = total > (256u << 20); // a progress bar only when loading takes a moment
+    size_t copied = 0, off = 0;
+    int half = 0;
+    for (int i = 0; i < n; i++) {
+        Tensor *t = list[i];
+        t->dev = (uint8_t *)s->weights + off;
+        // the tied output shares its bytes with token_embd
+        if (t == &m->w.output && m->w.output.host == m->w.token_embd.host) m->w.token_embd.dev = t->dev;
+        for (size_t done_b = 0; done_b < t->nbytes; done_b += chunk) {
+            size_t nb = t->nbytes - done_b < chunk ? t->nbytes - done_b : chunk;
+            CUDA_CHECK(cudaEventSynchronize(done[half])); // this half's previous copy has finished
+            memcpy(stage + half * chunk, t->host + done_b, nb);
+            CUDA_CHECK(cudaMemcpyAsync((uint8_t *)t->dev + done_b, stage + half * chunk, nb,
+                                       cudaMemcpyHostToDevice, s->stream));
+            CUDA_CHECK(cudaEventRecord(done[half], s->stream));
+            half ^= 1;
+            copied += nb;
+            double now = now_sec();
+            if (show && now - last_print > 0.25) {
+                last_print = now;
+                fprintf(stderr, "\rloading weights: %6.2f / %.2f GB  (%.2f GB/s)", copied / 1e9, total / 1e9,
+                        copied / 1e9 / (now - t0 + 1e-9));
+            }
+        }
+        off += ALIGN256(t->nbytes);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    double dt = now_sec() - t0;
+    if (show) fprintf(stderr, "\r");
+    fprintf(stderr, "loaded %.2f GB of weights to the GPU in %.2f s (%.2f GB/s)\n", copied / 1e9, dt,
+            copied / 1e9 / (dt + 1e-9));
+    cudaEventDestroy(done[0]);
+    cudaEventDestroy(done[1]);
+    CUDA_CHECK(cudaFreeHost(stage));
+}
+
+static void gpu_state_init(GpuState *s, const Config *c, int n_ctx) {
+    memset(s, 0, sizeof *s);
+    s->n_ctx = n_ctx;
+    size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
+    size_t cache = (size_t)c->n_kv_layers * n_ctx * kvdim; // elements per cache
+    // carve the arena: each buffer 256-byte aligned
+    size_t sizes[] = {c->n_embd * 4u, c->n_embd * 4u, qdim * 4, kvdim * 4, kvdim * 4, qdim * 4,
+                      (size_t)c->n_head * n_ctx * 4, c->n_ff * 4u, c->n_ff * 4u, c->n_vocab * 4u,
+                      cache * 2, cache * 2};
+    void **ptrs[] = {(void **)&s->x, (void **)&s->xb, (void **)&s->q, (void **)&s->k, (void **)&s->v,
+                     (void **)&s->att_out, (void **)&s->scores, (void **)&s->hb, (void **)&s->hb2,
+                     (void **)&s->logits, (void **)&s->key_cache, (void **)&s->value_cache};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += ALIGN256(sizes[i]);
+    CUDA_CHECK(cudaMalloc(&s->arena, total));
+    CUDA_CHECK(cudaMemset(s->arena, 0, total));
+    s->arena_bytes = total;
+    size_t off = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *ptrs[i] = (uint8_t *)s->arena + off;
+        off += ALIGN256(sizes[i]);
+    }
+    CUDA_CHECK(cudaMallocHost((void **)&s->h_x, c->n_embd * 4u));
+    CUDA_CHECK(cudaMallocHost((void **)&s->h_logits, c->n_vocab * 4u));
+    CUDA_CHECK(cudaStreamCreate(&s->stream));
+}
+
+static void gpu_state_free(GpuState *s) {
+    cudaFree(s->weights);
+    cudaFree(s->arena);
+    cudaFreeHost(s->h_x);
+    cudaFreeHost(s->h_logits);
+    cudaStreamDestroy(s->stream);
+}
+
+#define DEV(t) ((const float *)(t).dev) // an uploaded f32 vector (norm weight or bias), or NULL
+
+// One token through the model on the GPU; leaves the logits in s->h_logits. Twin of forward_cpu.
+static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
+    const Config *c = &m->c;
+    const Weights *w = &m->w;
+    cudaStream_t st = s->stream;
+    int E = c->n_embd, hd = c->head_dim;
+    size_t kvdim = (size_t)c->n_head_kv * hd;
+
+    embed_token(m, token, s->h_x);
+    CUDA_CHECK(cudaMemcpyAsync(s->x, s->h_x, E * 4u, cudaMemcpyHostToDevice, st));
+
+    for (int l = 0; l < c->n_layer; l++) {
+        const LayerWeights *L = &w->layers[l];
+        rmsnorm_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(L->attn_norm), E, c->eps);
+        KERNEL_CHECK();
+        matvec(&L->wq, s->xb, s->q, DEV(L->bq), 0, st);
+        matvec(&L->wk, s->xb, s->k, DEV(L->bk), 0, st);
+        matvec(&L->wv, s->xb, s->v, DEV(L->bv), 0, st);
+        if (L->q_norm.name) {
+            head_rmsnorm_kernel<<<c->n_head, 128, 0, st>>>(s->q, DEV(L->q_norm), hd, c->eps);
+            KERNEL_CHECK();
+            head_rmsnorm_kernel<<<c->n_head_kv, 128, 0, st>>>(s->k, DEV(L->k_norm), hd, c->eps);
+            KERNEL_CHECK();
+        }
+        size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
+        __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
+        rope_and_kv_store_kernel<<<c->n_head + c->n_head_kv, 128, 0, st>>>(
+            s->q, s->k, s->v, kc + pos * kvdim, vc + pos * kvdim, c->n_head, hd, c->n_rot, pos, c->rope_base,
+            c->rope_freq_scale);
+        KERNEL_CHECK();
+        attention_kernel<<<c->n_head, 256, hd * sizeof(float), st>>>(s->att_out, s->q, kc, vc, s->scores,
+                                                                     c->n_head, c->n_head_kv, hd, s->n_ctx, pos);
+        KERNEL_CHECK();
+        matvec(&L->wo, s->att_out, s->x, NULL, 1, st);
+
+        rmsnorm_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(L->ffn_norm), E, c->eps);
+        KERNEL_CHECK();
+        matvec(&L->w_gate, s->xb, s->hb, NULL, 0, st);
+        matvec(&L->w_up, s->xb, s->hb2, NULL, 0, st);
+        silu_mul_kernel<<<(c->n_ff + 255) / 256, 256, 0, st>>>(s->hb, s->hb2, c->n_ff);
+        KERNEL_CHECK();
+        matvec(&L->w_down, s->hb, s->x, NULL, 1, st);
+    }
+    rmsnorm_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(w->output_norm), E, c->eps);
+    KERNEL_CHECK();
+    matvec(&w->output, s->xb, s->logits, DEV(w->output_bias), 0, st);
+    CUDA_CHECK(cudaMemcpyAsync(s->h_logits, s->logits, c->n_vocab * 4u, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+// ------------------------------------------------------------------------------------------------
+// 8. Tokenizer (tokenizer.c) and sampler
+// ------------------------------------------------------------------------------------------------
+
+#include "tokenizer.c"
+
+// Sampling follows llama.cpp's default order so runs are comparable with the same flags:
+//   top-k  ->  top-p and min-p (on the softmax of the raw logits)  ->  temperature  ->  draw.
+// temp <= 0 is greedy (argmax, lowest id on ties). The random stream is xorshift64* seeded by --seed:
+// the same seed, model and prompt give the same tokens.
+
+typedef struct {
+    float logit, p;
+    int id;
+} Candidate;
+
+typedef struct {
+    int n_vocab;
+    float temp, top_p, min_p;
+    int top_k;
+    uint64_t rng;
+    Candidate *cand; // (n_vocab) scratch
+} Sampler;
+
+static void sampler_init(Sampler *s, int n_vocab, float temp, int top_k, float top_p, float min_p, uint64_t seed) {
+    s->n_vocab = n_vocab;
+    s->temp = temp;
+    s->top_k = top_k;
+    s->top_p = top_p;
+    s->min_p = min_p;
+    s->rng = seed * 0x9E3779B97F4A7C15ull + 1; // never zero
+    s->cand = (Candidate *)xmalloc((size_t)n_vocab * sizeof(Candidate));
+}
+
+static uint32_t rng_u32(uint64_t *state) { // xorshift64*
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+static float rng_f32(uint64_t *state) { return (rng_u32(state) >> 8) / 16777216.0f; } // [0, 1)
+
+static int argmax(const float *v, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+// a ranks before b: larger logit first, then smaller id
+static int cand_before(const Candidate *a, const Candidate *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+static int cand_cmp(const void *a, const void *b) {
+    return cand_before((const Candidate *)a, (const Candidate *)b) ? -1 : cand_before((const Candidate *)b, (const Candidate *)a);
+}
+
+// Keep the k best candidates of c[0..n) in c[0..k): a min-heap of the best k seen so far.
+static void keep_top_k(Candidate *c, int n, int k) {
+    for (int i = 1; i < k; i++) // heapify c[0..k): root = worst
+        for (int j = i; j > 0 && cand_before(&c[(j - 1) / 2], &c[j]); j = (j - 1) / 2) {
+            Candidate t = c[j]; c[j] = c[(j - 1) / 2]; c[(j - 1) / 2] = t;
+        }
+    for (int i = k; i < n; i++) {
+        if (!cand_before(&c[i], &c[0])) continue;
+        c[0] = c[i]; // replace the worst, sift it down
+        for (int j = 0;;) {
+            int l = 2 * j + 1, r = l + 1, w = j;
+            if (l < k && cand_before(&c[w], &c[l])) w = l;
+            if (r < k && cand_before(&c[w], &c[r])) w = r;
+            if (w == j) break;
+            Candidate t = c[j]; c[j] = c[w]; c[w] = t;
+            j = w;
+        }
+    }
+}
+
+static int sample(Sampler *s, const float *logits) {
+    if (s->temp <= 0.0f) return argmax(logits, s->n_vocab);
+    Candidate *c = s->cand;
+    int n = s->n_vocab;
+    for (int i = 0; i < n; i++) { c[i].logit = logits[i]; c[i].id = i; }
+    if (s->top_k > 0 && s->top_k < n) {
+        keep_top_k(c, n, s->top_k);
+        n = s->top_k;
+    }
+    // softmax at temperature 1, for the top-p and min-p cuts
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) mx = fmaxf(mx, c[i].logit);
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) { c[i].p = expf(c[i].logit - mx); sum += c[i].p; }
+    for (int i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
+    if (s->min_p > 0.0f) { // keep p >= min_p * p_max; p_max = 1/sum
+        float cut = s->min_p * (float)(1.0 / sum);
+        int m = 0;
+        for (int i = 0; i < n; i++) if (c[i].p >= cut) c[m++] = c[i];
+        n = m;
+    }
+    if (s->top_p < 1.0f) {
+        // Tokens with p < (1 - top_p)/(n - 1) can never be inside the nucleus: drop them before the sort.
+        if (n > 1) {
+            float cut = (1.0f - s->top_p) / (n - 1);
+            int m = 0;
+            for (int i = 0; i < n; i++) if (c[i].p >= cut) c[m++] = c[i];
+            if (m > 0) n = m;
+        }
+        qsort(c, n, sizeof *c, cand_cmp);
+        double cum = 0.0;
+        int m = 0;
+        while (m < n) { cum += c[m++].p; if (cum >= s->top_p) break; }
+        n = m;
+    }
+    // temperature on what is left, then draw
+    double total = 0.0;
+    for (int i = 0; i < n; i++) { c[i].p = expf((c[i].logit - mx) / s->temp); total += c[i].p; }
+    double r = rng_f32(&s->rng) * total, acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += c[i].p;
+        if (r < acc) return c[i].id;
+    }
+    return c[n - 1].id;
+}
+
+// ------------------------------------------------------------------------------------------------
+// 9. Generation and the command line
+// ------------------------------------------------------------------------------------------------
+
+// The forward pass on either device, behind one call.
+typedef struct {
+    Model *m;
+    int use_gpu;
+    CpuState cpu;
+    GpuState gpu;
+} Engine;
+
+static void engine_init(Engine *e, Model *m, int use_gpu, int n_ctx) {
+    memset(e, 0, sizeof *e);
+    e->m = m;
+    e->use_gpu = use_gpu;
+    if (use_gpu) {
+        gpu_state_init(&e->gpu, &m->c, n_ctx);
+        upload_weights(m, &e->gpu);
+    } else {
+        cpu_state_init(&e->cpu, &m->c, n_ctx);
+    }
+}
+
+static void engine_free(Engine *e) {
+    if (e->use_gpu) gpu_state_free(&e->gpu);
+    else cpu_state_free(&e->cpu);
+}
+
+// Feed `token` at position `pos`; returns the logits (n_vocab), valid until the next call.
+static float *engine_forward(Engine *e, int token, int pos) {
+    if (token < 0 || token >= e->m->c.n_vocab) die("token id %d is outside the vocabulary (0..%d)", token, e->m->c.n_vocab - 1);
+    if (e->use_gpu) {
+        forward_gpu(e->m, &e->gpu, token, pos);
+        return e->gpu.h_logits;
+    }
+    forward_cpu(e->m, &e->cpu, token, pos);
+    return e->cpu.logits;
+}
+
+// Bytes the GPU reads to produce one token at context length n_past: every uploaded weight once,
+// plus the K and V cache rows of every attention layer.
+static double bytes_per_token(const Engine *e, double n_past) {
+    const Config *c = &e->m->c;
+    return (double)e->gpu.weight_bytes + 2.0 * c->n_kv_layers * n_past * c->n_head_kv * c->head_dim * sizeof(__half);
+}
+
+// Parse "1,2,3" into ids; returns the count.
+static int parse_ids(const char *s, int **out) {
+    int cap = 16, n = 0;
+    int *ids = (int *)xmalloc(cap * sizeof(int));
+    while (*s) {
+        while (*s == ',' || *s == ' ') s++;
+        if (!*s) break;
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX) die("--tokens: '%s' is not a list of token ids", s);
+        if (n == cap) ids = (int *)realloc(ids, (cap *= 2) * sizeof(int));
+        if (!ids) die("out of host memory");
+        ids[n++] = (int)v;
+        s = end;
+    }
+    *out = ids;
+    return n;
+}
+
+#ifndef TESTING
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: qwen -m MODEL.gguf [options]\n"
+            "  -m FILE           model file (GGUF: qwen2, qwen3)\n"
+            "  -p TEXT           prompt text\n"
+            "  --tokens 1,2,3    prompt as raw token ids\n"
+            "  -n N              tokens to generate (default 256)\n"
+            "  -c N              context length: the KV cache is allocated for N tokens (default 4096)\n"
+            "  -b N              prompt batch size (accepted; prompts are processed token by token)\n"
+            "  --temp T          temperature, 0 = greedy (default 0.8)\n"
+            "  --top-k K         keep the K most likely tokens, 0 = off (default 40)\n"
+            "  --top-p P         nucleus sampling, 1 = off (default 0.95)\n"
+            "  --min-p P         drop tokens below P x the top probability, 0 = off (default 0.05)\n"
+            "  --seed S          random seed (default: time)\n"
+            "  --dump-logits F   write the logits of every prompt position to F: raw little-endian\n"
+            "                    float32, [n_prompt_tokens][n_vocab], no header\n"
+            "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
+            "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on the GPU)\n");
+}
+
+int main(int argc, char **argv) {
+    const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *dump_path = NULL;
+    int n_predict = 256, n_ctx = 4096, use_cpu = 0, compat_note = 0;
+    float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
+    int top_k = 40;
+    long long seed = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+#define NEXT() (has ? argv[++i] : (die("option %s needs a value", a), (char *)NULL))
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = NEXT();
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = NEXT();
+        else if (!strcmp(a, "--tokens")) tokens_arg = NEXT();
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) n_predict = atoi(NEXT());
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) n_ctx = atoi(NEXT());
+        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) (void)atoi(NEXT());
+        else if (!strcmp(a, "--temp")) temp = (float)atof(NEXT());
+        else if (!strcmp(a, "--top-k")) top_k = atoi(NEXT());
+        else if (!strcmp(a, "--top-p")) top_p = (float)atof(NEXT());
+        else if (!strcmp(a, "--min-p")) min_p = (float)atof(NEXT());
+        else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) seed = atoll(NEXT());
+        else if (!strcmp(a, "--dump-logits")) dump_path = NEXT();
+        else if (!strcmp(a, "--cpu")) use_cpu = 1;
+        else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            (void)NEXT();
+            compat_note = 1;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
+        else { usage(); die("unknown option '%s'", a); }
+#undef NEXT
+    }
+    if (!model_path) { usage(); die("no model given (-m FILE)"); }
+    if (compat_note) fprintf(stderr, "note: -ngl/-t are accepted for compatibility; qwen.cu always runs the whole model on the GPU\n");
+    if (prompt && tokens_arg) die("give the prompt either as text (-p) or as ids (--tokens), not both");
+    if (n_ctx <= 0) die("-c %d: the context length must be positive", n_ctx);
+    if (n_predict < 0) die("-n %d: must be >= 0", n_predict);
+    if (top_p <= 0.0f || top_p > 1.0f) die("--top-p %g: must be in (0, 1]", top_p);
+    if (seed < 0) seed = (long long)time(NULL);
+
+    Model m;
+    model_open(&m, model_path);
+    const Config *c = &m.c;
+    if (n_ctx > c->n_ctx_train) {
+        fprintf(stderr, "note: -c %d is above the model's training context %d; using %d\n", n_ctx, c->n_ctx_train, c->n_ctx_train);
+        n_ctx = c->n_ctx_train;
+    }
+    fprintf(stderr, "model: %s, %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d\n", c->arch_name, c->n_layer,
+            c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff, c->n_vocab);
+
+    Tokenizer tok;
+    tokenizer_init(&tok, &m.gguf, c->n_vocab);
+    int *ids = NULL, n_prompt = 0;
+    if (tokens_arg) n_prompt = parse_ids(tokens_arg, &ids);
+    else if (prompt) n_prompt = tokenizer_encode(&tok, prompt, strlen(prompt), &ids);
+    if (n_prompt == 0) die("empty prompt: give -p TEXT or --tokens IDS");
+    for (int i = 0; i < n_prompt; i++)
+        if (ids[i] >= c->n_vocab) die("prompt token %d (id %d) is outside the vocabulary (0..%d)", i, ids[i], c->n_vocab - 1);
+    if (n_prompt > n_ctx) die("the prompt has %d tokens but the context is %d: raise -c", n_prompt, n_ctx);
+
+    int use_gpu = !use_cpu;
+    if (use_gpu && !gpu_available()) die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
+    Engine e;
+    engine_init(&e, &m, use_gpu, n_ctx);
+    Sampler smp;
+    sampler_init(&smp, c->n_vocab, temp, top_k, top_p, min_p, (uint64_t)seed);
+    fprintf(stderr, "sampling: temp %.2f, top-k %d, top-p %.2f, min-p %.2f, seed %lld\n", temp, top_k, top_p, min_p, seed);
+
+    FILE *dump = NULL;
+    if (dump_path && !(dump = fopen(dump_path, "wb"))) die("cannot write '%s': %s", dump_path, strerror(errno));
+
+    // prompt: one token at a time, logits of every position kept only for --dump-logits
+    double t0 = now_sec();
+    float *logits = NULL;
+    for (int i = 0; i < n_prompt; i++) {
+        logits = engine_forward(&e, ids[i], i);
+        if (dump && fwrite(logits, sizeof(float), c->n_vocab, dump) != (size_t)c->n_vocab)
+            die("writing '%s' failed", dump_path);
+    }
+    double t_prompt = now_sec() - t0;
+    if (dump && fclose(dump) != 0) die("writing '%s' failed", dump_path);
+
+    for (int i = 0; i < n_prompt; i++) tokenizer_print(&tok, ids[i], stdout);
+    fflush(stdout);
+
+    // generation
+    int n_gen = 0, pos = n_prompt;
+    double t_gen = 0.0, bytes = 0.0;
+    while (n_gen < n_predict && pos < n_ctx) {
+        int next = sample(&smp, logits);
+        tokenizer_print(&tok, next, stdout);
+        fflush(stdout);
+        n_gen++;
+        if (tokenizer_is_eog(&tok, next) || n_gen == n_predict || pos + 1 > n_ctx - 1) break;
+        double t1 = now_sec();
+        logits = engine_forward(&e, next, pos);
+        t_gen += now_sec() - t1;
+        if (use_gpu) bytes += bytes_per_token(&e, pos + 1);
+        pos++;
+    }
+    printf("\n");
+    int n_eval = pos - n_prompt;
+    fprintf(stderr, "\nprompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
+            t_prompt * 1e3, n_prompt, t_prompt * 1e3 / n_prompt, n_prompt / t_prompt);
+    if (n_eval > 0) {
+        fprintf(stderr, "       eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n",
+                t_gen * 1e3, n_eval, t_gen * 1e3 / n_eval, n_eval / t_gen);
+        if (use_gpu)
+            fprintf(stderr, "decode bandwidth = %.1f GB/s (%.1f MB read per token)\n", bytes / t_gen / 1e9,
+                    bytes / n_eval / 1e6);
+    }
+    engine_free(&e);
+    tokenizer_free(&tok);
+    free(ids);
+    free(smp.cand);
+    gguf_close(&m.gguf);
+    return 0;
+}
+#endif // TESTING
