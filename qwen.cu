@@ -1894,7 +1894,7 @@ static int parse_ids(const char *s, int **out) {
     int cap = 16, n = 0;
     int *ids = (int *)xmalloc(cap * sizeof(int));
     while (*s) {
-        while (*s == ',' || *s == ' ') s++;
+        while (*s == ',' || isspace((unsigned char)*s)) s++;
         if (!*s) break;
         char *end;
         long v = strtol(s, &end, 10);

@@ -1,0 +1,1019 @@
+// test_qwen.cu — the tests of qwen.cu. Includes the engine with TESTING defined (no main of its own).
+//
+// Three kinds of check, one output line each:
+//   ok   <name>  err=<measured> tol=<tolerance>
+//   FAIL <name>  err=<measured> tol=<tolerance>
+//   skip <name>  (why)
+// and a last line "N passed, M failed, K skipped". The exit code is non-zero when anything failed.
+//
+// Host checks run everywhere (CI has no GPU): the GGUF reader on valid and malformed files, every
+// C dequantizer, the plain-C forward pass of every fixture model against the exact reference logits,
+// the sampler, the command line's error paths. GPU checks (each kernel against its C twin, the GPU
+// forward pass against the reference) run when a GPU is present and are counted as skipped when not.
+//
+// Data: test/data (override with QWEN_TEST_DATA). Run from the repository root (make test).
+
+#define TESTING
+#include "../qwen.cu"
+
+#include <dirent.h>
+#include <sys/wait.h>
+
+static int n_pass = 0, n_fail = 0, n_skip = 0;
+static const char *DATA = "test/data";  // QWEN_TEST_DATA overrides
+static const char *QWEN = "./qwen";     // the CLI under test; QWEN_BIN overrides
+static int HAVE_GPU = 0;
+
+static void report(int ok, const char *name, double err, double tol) {
+    printf("%-4s %-64s err=%-11.4g tol=%.4g\n", ok ? "ok" : "FAIL", name, err, tol);
+    fflush(stdout);
+    ok ? n_pass++ : n_fail++;
+}
+// a check with no numeric error: err is 0 on success, 1 on failure
+static void check(int ok, const char *name) { report(ok, name, ok ? 0.0 : 1.0, 0.0); }
+static void skip(const char *name, const char *why) {
+    printf("skip %-64s (%s)\n", name, why);
+    fflush(stdout);
+    n_skip++;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = (char *)xmalloc((size_t)n + 1);
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) { fclose(f); free(buf); return NULL; }
+    fclose(f);
+    buf[n] = 0;
+    if (len) *len = (size_t)n;
+    return buf;
+}
+
+static float *read_f32(const char *path, size_t *n) {
+    size_t len;
+    char *b = read_file(path, &len);
+    if (!b) return NULL;
+    *n = len / 4;
+    return (float *)b;
+}
+
+// deterministic test randomness
+static uint64_t trng = 0x1234567887654321ull;
+static float urand(void) { return rng_f32(&trng); }                 // [0, 1)
+static float nrand(void) {                                          // ~N(0, 1)
+    float u1 = urand() + 1e-7f, u2 = urand();
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);
+}
+// host-side half conversions from cuda_fp16.h (through __half_raw, which CUDA 11.8 also allows)
+static uint16_t f32_to_fp16_bits(float f) { __half_raw r = __float2half(f); return r.x; }
+static float cuda_half_to_f32(uint16_t bits) { __half_raw r; r.x = bits; return __half2float(__half(r)); }
+
+// =================================================================================================
+// fp16 / bf16 conversions
+// =================================================================================================
+static void test_conversions(void) {
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = fp16_to_f32((uint16_t)h), b = cuda_half_to_f32((uint16_t)h);
+        if (!(a == b || (isnan(a) && isnan(b)))) bad++;
+    }
+    report(bad == 0, "fp16_to_f32 matches cuda_fp16 on all 65536 values", bad, 0);
+    check(bf16_to_f32(0x3f80) == 1.0f && bf16_to_f32(0xc000) == -2.0f, "bf16_to_f32 on 1.0 and -2.0");
+}
+
+// =================================================================================================
+// GGUF reader: a small writer for synthetic files, then valid and malformed inputs
+// =================================================================================================
+typedef struct { uint8_t *p; size_t n, cap; } Buf;
+static void put(Buf *b, const void *src, size_t n) {
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = (uint8_t *)realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+static void put_u32(Buf *b, uint32_t v) { put(b, &v, 4); }
+static void put_i32(Buf *b, int32_t v) { put(b, &v, 4); }
+static void put_u64(Buf *b, uint64_t v) { put(b, &v, 8); }
+static void put_str(Buf *b, const char *s) { put_u64(b, strlen(s)); put(b, s, strlen(s)); }
+static void put_pad(Buf *b, size_t align) { while (b->n % align) { uint8_t z = 0; put(b, &z, 1); } }
+
+// A valid little GGUF: 3 KV pairs (u32, string, string array) and two F32 tensors {4,2} and {3}.
+// Knobs let each malformed variant change one thing.
+typedef struct {
+    uint32_t version;
+    int64_t n_tensors_override, n_kv_override;   // -2: use the real count
+    int dup_key, empty_key, bad_kv_type, nested_array, long_string, huge_array;
+    int bad_alignment, alignment_type_i32;
+    int long_name, five_dims, zero_dim, neg_dim, bad_type, removed_type, ragged_row, bad_offset, dup_tensor;
+    int truncate_data;
+} Variant;
+
+static Buf make_gguf(const Variant *v) {
+    Buf b = {0};
+    put(&b, "GGUF", 4);
+    put_u32(&b, v->version ? v->version : 3);
+    int n_kv = 4;
+    put_u64(&b, (uint64_t)(v->n_tensors_override != -2 ? v->n_tensors_override : 2));
+    put_u64(&b, (uint64_t)(v->n_kv_override != -2 ? v->n_kv_override : n_kv));
+    // kv 1: u32
+    put_str(&b, v->empty_key ? "" : "test.count");
+    put_i32(&b, v->bad_kv_type ? 99 : GGUF_TYPE_U32);
+    put_u32(&b, 7);
+    // kv 2: string
+    put_str(&b, v->dup_key ? "test.count" : "general.architecture");
+    put_i32(&b, GGUF_TYPE_STRING);
+    if (v->long_string) put_u64(&b, 1ull << 40); else put_str(&b, "qwen2");
+    // kv 3: array of strings
+    put_str(&b, "test.words");
+    put_i32(&b, GGUF_TYPE_ARRAY);
+    put_i32(&b, v->nested_array ? GGUF_TYPE_ARRAY : GGUF_TYPE_STRING);
+    put_u64(&b, v->huge_array ? (1ull << 29) : 2);
+    put_str(&b, "hello");
+    put_str(&b, "world");
+    // kv 4: alignment
+    put_str(&b, "general.alignment");
+    put_i32(&b, v->alignment_type_i32 ? GGUF_TYPE_I32 : GGUF_TYPE_U32);
+    put_u32(&b, v->bad_alignment ? 24 : 32);
+    // tensor infos
+    const char *name0 = v->long_name ? "a_tensor_name_that_is_much_longer_than_sixty_three_bytes_in_total_x" : "w";
+    put_str(&b, name0);
+    put_u32(&b, v->five_dims ? 5 : 2);
+    put_u64(&b, 4);
+    put_u64(&b, (uint64_t)(v->zero_dim ? 0 : v->neg_dim ? -2 : 2));
+    if (v->five_dims) { put_u64(&b, 1); put_u64(&b, 1); put_u64(&b, 1); }
+    put_i32(&b, v->bad_type ? 77 : v->removed_type ? 4 : v->ragged_row ? GGML_TYPE_Q4_0 : GGML_TYPE_F32);
+    put_u64(&b, 0);
+    put_str(&b, v->dup_tensor ? name0 : "b");
+    put_u32(&b, 1);
+    put_u64(&b, 3);
+    put_i32(&b, GGML_TYPE_F32);
+    put_u64(&b, v->bad_offset ? 16 : 32); // w is 32 bytes; aligned to 32
+    put_pad(&b, 32);
+    float data[8 + 8] = {1, 2, 3, 4, 5, 6, 7, 8, 0.5f, -1, 2};
+    put(&b, data, v->truncate_data ? 40 : 32 + 12);
+    return b;
+}
+
+static int parse_variant(const Variant *v, char *err, size_t cap) {
+    Buf b = make_gguf(v);
+    GGUF g;
+    memset(&g, 0, sizeof g);
+    g.fd = -1;
+    int rc = gguf_parse(&g, b.p, b.n);
+    snprintf(err, cap, "%s", g.err);
+    gguf_close(&g);
+    free(b.p);
+    return rc;
+}
+
+static void test_gguf_reader(void) {
+    char err[600], name[128];
+    Variant ok0;
+    memset(&ok0, 0, sizeof ok0);
+    ok0.n_tensors_override = ok0.n_kv_override = -2;
+
+    // the valid file parses and reads back
+    {
+        Buf b = make_gguf(&ok0);
+        GGUF g;
+        memset(&g, 0, sizeof g);
+        g.fd = -1;
+        int rc = gguf_parse(&g, b.p, b.n);
+        int good = rc == 0 && g.n_kv == 4 && g.n_tensors == 2 && gguf_u32(&g, "test.count", 1, 0) == 7;
+        char s[32];
+        good = good && gguf_str(&g, "general.architecture", s, sizeof s) && strcmp(s, "qwen2") == 0;
+        const GGUFKV *kv = gguf_find(&g, "test.words");
+        if (good && kv) {
+            const uint8_t *p = kv->data;
+            uint64_t l1, l2;
+            const char *w1 = gguf_next_str(&p, &l1), *w2 = gguf_next_str(&p, &l2);
+            good = l1 == 5 && !memcmp(w1, "hello", 5) && l2 == 5 && !memcmp(w2, "world", 5);
+        } else good = 0;
+        const GGUFTensor *t = good ? gguf_tensor(&g, "b") : NULL;
+        good = good && t && t->ne[0] == 3 && t->nbytes == 12 && ((const float *)t->data)[0] == 0.5f;
+        check(good, "gguf: synthetic v3 file parses, KV and tensors read back");
+        gguf_close(&g);
+        free(b.p);
+        Variant v2 = ok0;
+        v2.version = 2;
+        check(parse_variant(&v2, err, sizeof err) == 0, "gguf: version 2 accepted");
+    }
+
+    // each malformed variant must fail with a message naming the problem
+    struct { const char *what, *expect; Variant v; } cases[32];
+    int nc = 0;
+#define CASE(label, msg, field, val) do { cases[nc].what = label; cases[nc].expect = msg; cases[nc].v = ok0; cases[nc].v.field = val; nc++; } while (0)
+    CASE("version 0", "version 0", version, 0xFFFFFFFFu); // patched below to 0
+    CASE("version 1", "version 1", version, 1);
+    CASE("version 4", "version 4", version, 4);
+    CASE("byte-swapped version", "byte-swapped", version, 0x03000000u);
+    CASE("n_tensors absurd", "n_tensors", n_tensors_override, (int64_t)1 << 40);
+    CASE("n_tensors negative", "n_tensors", n_tensors_override, -1);
+    CASE("n_kv absurd", "n_kv", n_kv_override, (int64_t)1 << 40);
+    CASE("duplicate key", "duplicate metadata key", dup_key, 1);
+    CASE("empty key", "empty", empty_key, 1);
+    CASE("unknown value type", "unknown value type", bad_kv_type, 1);
+    CASE("nested array", "nested", nested_array, 1);
+    CASE("string longer than the file", "string length", long_string, 1);
+    CASE("array longer than the file", "cannot fit", huge_array, 1);
+    CASE("alignment not a power of two", "power of two", bad_alignment, 1);
+    CASE("alignment stored as i32", "general.alignment must be u32", alignment_type_i32, 1);
+    CASE("tensor name over 63 bytes", "longer than 63", long_name, 1);
+    CASE("five dimensions", "n_dims", five_dims, 1);
+    CASE("zero-sized dimension", "must be at least 1", zero_dim, 1);
+    CASE("negative dimension", "must be at least 1", neg_dim, 1);
+    CASE("invalid type id", "invalid ggml type", bad_type, 1);
+    CASE("removed type id", "not supported", removed_type, 1);
+    CASE("row not a multiple of the block", "not a multiple", ragged_row, 1);
+    CASE("non-contiguous offset", "contiguous", bad_offset, 1);
+    CASE("duplicate tensor name", "duplicate tensor", dup_tensor, 1);
+    CASE("tensor data past end of file", "past the end", truncate_data, 1);
+#undef CASE
+    for (int i = 0; i < nc; i++) {
+        Variant v = cases[i].v;
+        if (v.version == 0xFFFFFFFFu) v.version = 0;
+        int rc;
+        if (i == 0) { // version 0 cannot go through make_gguf's default: patch the bytes
+            Buf b = make_gguf(&ok0);
+            memset(b.p + 4, 0, 4);
+            GGUF g;
+            memset(&g, 0, sizeof g);
+            g.fd = -1;
+            rc = gguf_parse(&g, b.p, b.n);
+            snprintf(err, sizeof err, "%s", g.err);
+            gguf_close(&g);
+            free(b.p);
+        } else {
+            rc = parse_variant(&v, err, sizeof err);
+        }
+        snprintf(name, sizeof name, "gguf rejects: %s", cases[i].what);
+        int good = rc != 0 && strstr(err, cases[i].expect) != NULL;
+        check(good, name);
+        if (!good) printf("     message was: '%s' (expected to contain '%s')\n", err, cases[i].expect);
+    }
+
+    // truncation at every length of a real fixture's header, and random byte flips: every outcome
+    // must be a clean accept or a clean error (a crash would end the test run here)
+    char path[512];
+    snprintf(path, sizeof path, "%s/tiny-qwen3/tiny-qwen3-q4_0.gguf", DATA);
+    size_t len;
+    uint8_t *file = (uint8_t *)read_file(path, &len);
+    if (!file) { check(0, "gguf: read tiny-qwen3-q4_0.gguf"); return; }
+    GGUF g;
+    memset(&g, 0, sizeof g);
+    g.fd = -1;
+    int rc = gguf_parse(&g, file, len);
+    size_t header = g.data_offset;
+    check(rc == 0 && g.n_tensors > 0, "gguf: fixture tiny-qwen3-q4_0.gguf parses");
+    gguf_close(&g);
+    int errors = 0, accepted = 0;
+    for (size_t cut = 0; cut < header + 64 && cut < len; cut++) {
+        uint8_t *copy = (uint8_t *)xmalloc(cut);
+        memcpy(copy, file, cut);
+        memset(&g, 0, sizeof g);
+        g.fd = -1;
+        if (gguf_parse(&g, copy, cut) == 0) accepted++; else errors++;
+        gguf_close(&g);
+        free(copy);
+    }
+    report(accepted == 0, "gguf: every truncation of the header is rejected", accepted, 0);
+    int flips_ok = 1;
+    uint8_t *copy = (uint8_t *)xmalloc(len);
+    for (int it = 0; it < 3000; it++) {
+        memcpy(copy, file, len);
+        int nflip = 1 + (int)(urand() * 4);
+        for (int k = 0; k < nflip; k++) copy[(size_t)(urand() * header)] ^= (uint8_t)(1 + urand() * 255);
+        memset(&g, 0, sizeof g);
+        g.fd = -1;
+        if (gguf_parse(&g, copy, len) != 0 && g.err[0] == 0) flips_ok = 0; // errors must say why
+        gguf_close(&g);
+    }
+    free(copy);
+    check(flips_ok, "gguf: 3000 random header corruptions end in accept or a named error");
+    free(file);
+
+    // gguf_open on a missing file / a directory / an empty file
+    memset(&g, 0, sizeof g);
+    check(gguf_open(&g, "/nonexistent/model.gguf") != 0 && strstr(g.err, "cannot open"), "gguf: missing file is an error");
+    check(gguf_open(&g, "/") != 0 && strstr(g.err, "not a regular file"), "gguf: a directory is an error");
+}
+
+// =================================================================================================
+// C dequantizers on hand-built blocks (values worked out from the format descriptions)
+// =================================================================================================
+static void test_dequantizers(void) {
+    float y[256];
+    uint16_t half_one = 0x3c00, half_half = 0x3800, half_two = 0x4000; // 1.0, 0.5, 2.0
+    {
+        block_q4_0 b;
+        b.d = half_half;
+        for (int j = 0; j < 16; j++) b.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+        dequant_q4_0(&b, y);
+        check(y[0] == -4.0f && y[15] == 3.5f && y[16] == 3.5f && y[31] == -4.0f, "dequant Q4_0");
+    }
+    {
+        block_q4_1 b;
+        b.d = half_two; b.m = half_one;
+        for (int j = 0; j < 16; j++) b.qs[j] = (uint8_t)(j | (j << 4));
+        dequant_q4_1(&b, y);
+        check(y[0] == 1.0f && y[5] == 11.0f && y[21] == 11.0f, "dequant Q4_1");
+    }
+    {
+        block_q5_0 b;
+        b.d = half_one;
+        uint32_t qh = 0x80000001u; // element 0 and element 31 get the fifth bit
+        memcpy(b.qh, &qh, 4);
+        memset(b.qs, 0, 16);
+        b.qs[15] = 0xf0;
+        dequant_q5_0(&b, y);
+        check(y[0] == 0.0f && y[1] == -16.0f && y[31] == 15.0f, "dequant Q5_0");
+    }
+    {
+        block_q5_1 b;
+        b.d = half_one; b.m = half_half;
+        uint32_t qh = 1u << 16; // element 16
+        memcpy(b.qh, &qh, 4);
+        memset(b.qs, 0x11, 16);
+        dequant_q5_1(&b, y);
+        check(y[0] == 1.5f && y[16] == 17.5f && y[17] == 1.5f, "dequant Q5_1");
+    }
+    {
+        block_q8_0 b;
+        b.d = half_half;
+        for (int j = 0; j < 32; j++) b.qs[j] = (int8_t)(j - 16);
+        dequant_q8_0(&b, y);
+        check(y[0] == -8.0f && y[31] == 7.5f, "dequant Q8_0");
+    }
+    {
+        block_iq4_nl b;
+        b.d = half_one;
+        for (int j = 0; j < 16; j++) b.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+        dequant_iq4_nl(&b, y);
+        check(y[0] == -127.0f && y[8] == 1.0f && y[16] == 113.0f, "dequant IQ4_NL");
+    }
+    {
+        block_iq4_xs b;
+        b.d = half_one;
+        // sub-block 0: ls = 33 (scale +1); sub-block 1: ls = 31 (-1); sub-block 7: ls = 63 (+31)
+        b.scales_l[0] = (uint8_t)(1 | (15 << 4)); // ib0 low = 1, ib1 low = 15
+        b.scales_l[1] = b.scales_l[2] = 0;
+        b.scales_l[3] = (uint8_t)(15 << 4);       // ib7 low = 15
+        b.scales_h = (uint16_t)(2 | (1 << 2) | (3 << 14)); // ib0 high 2, ib1 high 1, ib7 high 3
+        for (int j = 0; j < 128; j++) b.qs[j] = 0x8f; // low nibble 15 -> 113, high 8 -> 1
+        dequant_iq4_xs(&b, y);
+        check(y[0] == 113.0f && y[16] == 1.0f && y[32] == -113.0f && y[255] == 31.0f, "dequant IQ4_XS");
+    }
+    {
+        block_q4_K b;
+        b.d = half_one; b.dmin = half_half;
+        memset(b.scales, 0, 12);
+        b.scales[0] = 2;                   // sub 0: scale 2
+        b.scales[4] = 3;                   // sub 0: min 3
+        b.scales[1] = 5;                   // sub 1: scale 5, min 0
+        b.scales[11] = (uint8_t)(7 | (1 << 4)); // sub 7: scale low 7, min low 1
+        b.scales[3] |= (uint8_t)(1 << 6);  // sub 7: scale high bits 1 -> 7 | 16 = 23
+        for (int j = 0; j < 128; j++) b.qs[j] = (uint8_t)(1 | (2 << 4));
+        dequant_q4_K(&b, y);
+        // sub0: 1*2*1 - 0.5*3 = 0.5; sub1: 1*5*2 - 0 = 10; sub7 (chunk 3 high): 1*23*2 - 0.5*1 = 45.5
+        check(y[0] == 0.5f && y[32] == 10.0f && y[255] == 45.5f, "dequant Q4_K");
+    }
+    {
+        block_q5_K b;
+        b.d = half_one; b.dmin = 0;
+        memset(b.scales, 0, 12);
+        b.scales[0] = 1; b.scales[1] = 1;
+        memset(b.qh, 0, 32);
+        b.qh[3] = 2;                       // bit 1: element 3 of sub-block 1 gets +16
+        memset(b.qs, 0x21, 128);
+        dequant_q5_K(&b, y);
+        check(y[3] == 1.0f && y[35] == 18.0f && y[36] == 2.0f, "dequant Q5_K");
+    }
+    {
+        block_q6_K b;
+        b.d = half_half;
+        for (int i = 0; i < 16; i++) b.scales[i] = (int8_t)(i + 1);
+        memset(b.ql, 0, 128);
+        memset(b.qh, 0, 64);
+        b.ql[0] = 0x0f;  // element 0: low 15
+        b.qh[0] = 0x03;  // element 0: high 3 -> q = 63 - 32 = 31
+        b.ql[32] = 0xf0; // element 96 (q4 of l=0): low 15
+        dequant_q6_K(&b, y);
+        // y[0] = 0.5*1*31; y[1] = 0.5*1*(-32); y[96] = 0.5*sc[6]*(15-32) = 0.5*7*(-17)
+        check(y[0] == 15.5f && y[1] == -16.0f && y[96] == -59.5f && y[128] == 0.5f * 9 * -32, "dequant Q6_K");
+    }
+    {
+        uint16_t hv[3] = {half_one, half_half, 0xc000};
+        dequant_row(GGML_TYPE_F16, hv, y, 3);
+        uint16_t bv[2] = {0x3f80, 0x4040};
+        float z[2];
+        dequant_row(GGML_TYPE_BF16, bv, z, 2);
+        check(y[0] == 1.0f && y[1] == 0.5f && y[2] == -2.0f && z[0] == 1.0f && z[1] == 3.0f, "dequant F16 / BF16");
+    }
+}
+
+// =================================================================================================
+// Fixture models: logits against the exact reference
+// =================================================================================================
+typedef struct {
+    char name[32];  // "text", "chat", "random", "long"
+    int *ids;
+    int n;
+} Seq;
+static Seq SEQS[4];
+static int n_seqs = 0;
+
+static void load_seqs(void) {
+    const char *names[] = {"text", "chat", "random", "long"};
+    for (int i = 0; i < 4; i++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/seqs/seq-%s.ids", DATA, names[i]);
+        char *s = read_file(path, NULL);
+        if (!s) continue;
+        snprintf(SEQS[n_seqs].name, sizeof SEQS[0].name, "%s", names[i]);
+        SEQS[n_seqs].n = parse_ids(s, &SEQS[n_seqs].ids);
+        n_seqs++;
+        free(s);
+    }
+}
+
+// Models under test/data/tiny-*/: returns a malloc'd list of "dir/model-type" stems.
+typedef struct {
+    char dir[256];
+    char model[64]; // tiny-qwen3
+    char type[32];  // q4_0
+} ModelFile;
+
+static int list_models(ModelFile *out, int cap, int include_qwen35) {
+    int n = 0;
+    const char *dirs[] = {"tiny-qwen2", "tiny-qwen3", "tiny-qwen3-tied", "tiny-qwen35"};
+    for (int d = 0; d < 4; d++) {
+        if (!include_qwen35 && d == 3) continue;
+        char dpath[300];
+        snprintf(dpath, sizeof dpath, "%s/%s", DATA, dirs[d]);
+        DIR *dir = opendir(dpath);
+        if (!dir) continue;
+        struct dirent *e;
+        while ((e = readdir(dir)) && n < cap) {
+            size_t l = strlen(e->d_name);
+            if (l < 6 || strcmp(e->d_name + l - 5, ".gguf") != 0) continue;
+            // name = <model>-<type>.gguf, model = the directory name
+            size_t ml = strlen(dirs[d]);
+            if (strncmp(e->d_name, dirs[d], ml) != 0 || e->d_name[ml] != '-') continue;
+            ModelFile *m = &out[n++];
+            snprintf(m->dir, sizeof m->dir, "%s", dpath);
+            snprintf(m->model, sizeof m->model, "%s", dirs[d]);
+            snprintf(m->type, sizeof m->type, "%.*s", (int)(l - 5 - ml - 1), e->d_name + ml + 1);
+        }
+        closedir(dir);
+    }
+    // stable order: by model then type
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0; j--) {
+            int c = strcmp(out[j - 1].model, out[j].model);
+            if (c < 0 || (c == 0 && strcmp(out[j - 1].type, out[j].type) <= 0)) break;
+            ModelFile t = out[j]; out[j] = out[j - 1]; out[j - 1] = t;
+        }
+    return n;
+}
+
+static int is_float_type(const char *type) { return !strcmp(type, "f32") || !strcmp(type, "f16") || !strcmp(type, "bf16"); }
+
+static double stddev(const float *v, size_t n) {
+    double s = 0, s2 = 0;
+    for (size_t i = 0; i < n; i++) { s += v[i]; s2 += (double)v[i] * v[i]; }
+    double m = s / n;
+    return sqrt(s2 / n - m * m);
+}
+
+// KL(softmax(p_logits) || softmax(q_logits)) in double
+static double kl_div(const float *p, const float *q, int n) {
+    double mp = -INFINITY, mq = -INFINITY;
+    for (int i = 0; i < n; i++) { mp = fmax(mp, p[i]); mq = fmax(mq, q[i]); }
+    double sp = 0, sq = 0;
+    for (int i = 0; i < n; i++) { sp += exp(p[i] - mp); sq += exp(q[i] - mq); }
+    double lsp = log(sp), lsq = log(sq), kl = 0;
+    for (int i = 0; i < n; i++) {
+        double lp = p[i] - mp - lsp, lq = q[i] - mq - lsq;
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl;
+}
+
+// llama.cpp's distance from the exact reference for (model, type, seq), from the yardstick file
+static double yardstick_kl(const char *model, const char *type, const char *seq) {
+    static char *text = NULL;
+    if (!text) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/llamacpp-yardstick.jsonl", DATA);
+        text = read_file(path, NULL);
+        if (!text) return NAN;
+    }
+    char key[256];
+    snprintf(key, sizeof key, "\"model\": \"%s\", \"type\": \"%s\", \"seq\": \"%s\"", model, type, seq);
+    const char *p = strstr(text, key);
+    if (!p) return NAN;
+    const char *k = strstr(p, "\"kl_mean\": ");
+    return k ? atof(k + 11) : NAN;
+}
+
+// greedy.jsonl: the exact model's greedy 32-token continuation after seq-text
+static int greedy_ref(const char *model, const char *type, int *out) {
+    static char *text = NULL;
+    if (!text) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/greedy.jsonl", DATA);
+        text = read_file(path, NULL);
+        if (!text) return 0;
+    }
+    char key[256];
+    snprintf(key, sizeof key, "{\"model\":\"%s\",\"type\":\"%s\",\"greedy32_after_text\":[", model, type);
+    const char *p = strstr(text, key);
+    if (!p) return 0;
+    p += strlen(key);
+    int n = 0;
+    while (*p && *p != ']' && n < 64) {
+        out[n++] = (int)strtol(p, (char **)&p, 10);
+        if (*p == ',') p++;
+    }
+    return n;
+}
+
+// Run one sequence through an engine from position 0 and compare with the reference file.
+typedef struct { double max_over_std, kl_mean; double top1; int ok; } SeqResult;
+
+static SeqResult run_seq(Engine *e, const Seq *s, const float *ref, size_t ref_n) {
+    SeqResult r = {0, 0, 0, 0};
+    int V = e->m->c.n_vocab;
+    if (ref_n != (size_t)s->n * V) return r;
+    double sd = stddev(ref, ref_n), maxd = 0, kl = 0;
+    int top = 0;
+    for (int i = 0; i < s->n; i++) {
+        float *lg = engine_forward(e, s->ids[i], i);
+        const float *rf = ref + (size_t)i * V;
+        for (int j = 0; j < V; j++) maxd = fmax(maxd, fabs((double)lg[j] - rf[j]));
+        kl += kl_div(rf, lg, V);
+        top += argmax(lg, V) == argmax(rf, V);
+    }
+    r.max_over_std = maxd / sd;
+    r.kl_mean = kl / s->n;
+    r.top1 = (double)top / s->n;
+    r.ok = 1;
+    return r;
+}
+
+static void greedy_continuation(Engine *e, const Seq *text, int *out, int n) {
+    float *lg = NULL;
+    for (int i = 0; i < text->n; i++) lg = engine_forward(e, text->ids[i], i);
+    for (int i = 0; i < n; i++) {
+        out[i] = argmax(lg, e->m->c.n_vocab);
+        if (i + 1 < n) lg = engine_forward(e, out[i], text->n + i);
+    }
+}
+
+static void test_models(int use_gpu) {
+    static ModelFile mf[128];
+    int nm = list_models(mf, 128, 0);
+    if (nm == 0) { check(0, "fixture models found under test/data"); return; }
+    const char *dev = use_gpu ? "gpu" : "cpu";
+    for (int i = 0; i < nm; i++) {
+        char path[600], name[200];
+        if (use_gpu && !HAVE_GPU) {
+            snprintf(name, sizeof name, "gpu KL %s-%s, every sequence, and greedy", mf[i].model, mf[i].type);
+            skip(name, "no GPU");
+            continue;
+        }
+        snprintf(path, sizeof path, "%s/%s-%s.gguf", mf[i].dir, mf[i].model, mf[i].type);
+        Model m;
+        model_open(&m, path);
+        Engine e;
+        engine_init(&e, &m, use_gpu, 512);
+        for (int s = 0; s < n_seqs; s++) {
+            snprintf(path, sizeof path, "%s/%s-%s-%s.f32", mf[i].dir, mf[i].model, mf[i].type, SEQS[s].name);
+            size_t rn;
+            float *ref = read_f32(path, &rn);
+            if (!ref) continue; // not every (type, seq) has a reference
+            SeqResult r = run_seq(&e, &SEQS[s], ref, rn);
+            free(ref);
+            if (!use_gpu) {
+                snprintf(name, sizeof name, "cpu logits %s-%s %s: max|d|/std", mf[i].model, mf[i].type, SEQS[s].name);
+                report(r.ok && r.max_over_std <= 1e-3, name, r.ok ? r.max_over_std : NAN, 1e-3);
+            } else {
+                double tol = is_float_type(mf[i].type) ? 5e-5 : 1e-3;
+                double yard = yardstick_kl(mf[i].model, mf[i].type, SEQS[s].name);
+                snprintf(name, sizeof name, "gpu KL %s-%s %s (llama.cpp %.2g, top1 %.0f%%)", mf[i].model,
+                         mf[i].type, SEQS[s].name, yard, 100 * r.top1);
+                report(r.ok && r.kl_mean <= tol, name, r.ok ? r.kl_mean : NAN, tol);
+            }
+        }
+        // greedy continuation after seq-text: required for f32 files, reported for the others
+        int ref32[64], got[64];
+        int nref = greedy_ref(mf[i].model, mf[i].type, ref32);
+        if (nref > 0 && n_seqs > 0 && !strcmp(SEQS[0].name, "text")) {
+            greedy_continuation(&e, &SEQS[0], got, nref);
+            int same = 0;
+            while (same < nref && got[same] == ref32[same]) same++;
+            snprintf(name, sizeof name, "%s greedy 32 %s-%s: tokens before first difference", dev, mf[i].model, mf[i].type);
+            if (!strcmp(mf[i].type, "f32") || same == nref) report(same == nref, name, nref - same, 0);
+            else printf("info %-64s %d of %d equal (not required for quantized files)\n", name, same, nref);
+        }
+        engine_free(&e);
+        gguf_close(&m.gguf);
+    }
+}
+
+// =================================================================================================
+// Sampler
+// =================================================================================================
+static void test_sampler(void) {
+    const int V = 50;
+    float logits[V];
+    for (int i = 0; i < V; i++) logits[i] = nrand() * 2.0f;
+    logits[17] = 9.0f;
+    Sampler a, b;
+    sampler_init(&a, V, 0.0f, 40, 0.95f, 0.05f, 1);
+    check(sample(&a, logits) == 17, "sampler: temp 0 is argmax");
+    free(a.cand);
+    // same seed -> same stream; different seed -> (almost surely) a different one
+    sampler_init(&a, V, 1.5f, 0, 1.0f, 0.0f, 42);
+    sampler_init(&b, V, 1.5f, 0, 1.0f, 0.0f, 42);
+    for (int i = 0; i < V; i++) logits[i] = nrand();
+    int same = 1, diff = 0;
+    Sampler c;
+    sampler_init(&c, V, 1.5f, 0, 1.0f, 0.0f, 43);
+    for (int i = 0; i < 200; i++) {
+        int x = sample(&a, logits), y = sample(&b, logits), z = sample(&c, logits);
+        same &= x == y;
+        diff |= x != z;
+    }
+    check(same && diff, "sampler: same seed gives the same tokens, another seed does not");
+    free(a.cand); free(b.cand); free(c.cand);
+    // top-k 1 is greedy whatever the temperature
+    sampler_init(&a, V, 5.0f, 1, 1.0f, 0.0f, 7);
+    int all = 1;
+    for (int i = 0; i < 100; i++) all &= sample(&a, logits) == argmax(logits, V);
+    check(all, "sampler: top-k 1 always gives the argmax");
+    free(a.cand);
+    // top-k 3: only the three best ever come out
+    sampler_init(&a, V, 3.0f, 3, 1.0f, 0.0f, 9);
+    int best[3] = {0, 0, 0};
+    {
+        Candidate tmp[V];
+        for (int i = 0; i < V; i++) { tmp[i].logit = logits[i]; tmp[i].id = i; }
+        qsort(tmp, V, sizeof tmp[0], cand_cmp);
+        for (int i = 0; i < 3; i++) best[i] = tmp[i].id;
+    }
+    int inside = 1;
+    for (int i = 0; i < 500; i++) {
+        int t = sample(&a, logits);
+        inside &= t == best[0] || t == best[1] || t == best[2];
+    }
+    check(inside, "sampler: top-k 3 draws only the three most likely tokens");
+    free(a.cand);
+    // the empirical distribution at temperature T matches softmax(logits / T)
+    sampler_init(&a, V, 0.7f, 0, 1.0f, 0.0f, 11);
+    static int count[V];
+    memset(count, 0, sizeof count);
+    const int N = 200000;
+    for (int i = 0; i < N; i++) count[sample(&a, logits)]++;
+    double mx = -1e30, z = 0, worst = 0;
+    for (int i = 0; i < V; i++) mx = fmax(mx, logits[i]);
+    for (int i = 0; i < V; i++) z += exp((logits[i] - mx) / 0.7);
+    for (int i = 0; i < V; i++) {
+        double p = exp((logits[i] - mx) / 0.7) / z;
+        double sigma = sqrt(p * (1 - p) / N) + 1e-9;
+        worst = fmax(worst, fabs(count[i] / (double)N - p) / sigma);
+    }
+    report(worst < 5.0, "sampler: frequencies at temp 0.7 match softmax (worst |z|)", worst, 5.0);
+    free(a.cand);
+    // top-p: the nucleus is the smallest set whose mass reaches p
+    float lg2[4] = {2.0f, 1.0f, 0.0f, -1.0f}; // p ~ 0.644 0.237 0.087 0.032
+    sampler_init(&a, 4, 1.0f, 0, 0.85f, 0.0f, 5);
+    int seen[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 2000; i++) seen[sample(&a, lg2)]++;
+    check(seen[0] > 0 && seen[1] > 0 && seen[2] == 0 && seen[3] == 0, "sampler: top-p 0.85 keeps exactly the two-token nucleus");
+    free(a.cand);
+    sampler_init(&a, 4, 1.0f, 0, 1.0f, 0.2f, 5); // min-p 0.2: p >= 0.129 -> tokens 0 and 1
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 2000; i++) seen[sample(&a, lg2)]++;
+    check(seen[0] > 0 && seen[1] > 0 && seen[2] == 0 && seen[3] == 0, "sampler: min-p 0.2 drops tokens under 0.2 x the top");
+    free(a.cand);
+}
+
+// =================================================================================================
+// Command line: error paths exit non-zero with a message; outputs are well-formed
+// =================================================================================================
+static int run_cmd(const char *cmd, char *out, size_t cap) {
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_cli(void) {
+    if (access(QWEN, X_OK) != 0) { check(0, "cli: the qwen binary is built"); return; }
+    static char out[1 << 16];
+    char cmd[1024], tmp[256];
+    snprintf(tmp, sizeof tmp, "/tmp/qwen_test_%d", (int)getpid());
+    const char *m = "test/data/tiny-qwen3/tiny-qwen3-q4_0.gguf";
+#define M "-m test/data/tiny-qwen3/tiny-qwen3-q4_0.gguf "
+    struct { const char *what, *args, *expect; } cases[] = {
+        {"missing model file", "-m /nonexistent.gguf --cpu --tokens 1", "cannot open"},
+        {"no model", "--cpu --tokens 1", "no model"},
+        {"unknown option", M "--bogus", "unknown option"},
+        {"token outside vocabulary", M "--cpu --tokens 1,99999", "outside the vocabulary"},
+        {"prompt longer than context", M "--cpu -c 4 --tokens 1,2,3,4,5,6", "raise -c"},
+        {"not a GGUF file", "-m Makefile --cpu --tokens 1", "not a GGUF file"},
+        {"bad top-p", M "--cpu --tokens 1 --top-p 0", "top-p"},
+        {"option without its value", M "--cpu --tokens", "needs a value"},
+    };
+#undef M
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", QWEN, cases[i].args);
+        int rc = run_cmd(cmd, out, sizeof out);
+        char name[160];
+        snprintf(name, sizeof name, "cli: %s -> exit 1 with a message", cases[i].what);
+        int good = rc == 1 && strstr(out, cases[i].expect) && !strstr(out, "Segmentation");
+        check(good, name);
+        if (!good) printf("     rc=%d output: %.300s\n", rc, out);
+    }
+    // a truncated model file
+    {
+        size_t len;
+        char *f = read_file(m, &len);
+        snprintf(cmd, sizeof cmd, "%s_trunc.gguf", tmp);
+        FILE *w = fopen(cmd, "wb");
+        fwrite(f, 1, len / 2, w);
+        fclose(w);
+        free(f);
+        char c2[1024];
+        snprintf(c2, sizeof c2, "%s -m %s --cpu --tokens 1 2>&1", QWEN, cmd);
+        int rc = run_cmd(c2, out, sizeof out);
+        check(rc == 1 && strstr(out, "past the end"), "cli: truncated model -> exit 1, names the tensor");
+        unlink(cmd);
+    }
+    // --dump-logits writes [n_prompt][n_vocab] floats; same seed -> same text
+    {
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens 1,2,3 -n 0 --dump-logits %s.f32 2>&1", QWEN, m, tmp);
+        int rc = run_cmd(cmd, out, sizeof out);
+        snprintf(cmd, sizeof cmd, "%s.f32", tmp);
+        struct stat st;
+        check(rc == 0 && stat(cmd, &st) == 0 && st.st_size == 3 * 1024 * 4, "cli: --dump-logits writes 3 x 1024 floats");
+        unlink(cmd);
+        char a[4096], b[4096];
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens 1,2,3 -n 24 --temp 0.9 --seed 5 2>/dev/null", QWEN, m);
+        int r1 = run_cmd(cmd, a, sizeof a), r2 = run_cmd(cmd, b, sizeof b);
+        check(r1 == 0 && r2 == 0 && strcmp(a, b) == 0 && strlen(a) > 0, "cli: same seed, same output");
+    }
+}
+
+// =================================================================================================
+// GPU: each kernel against its C twin
+// =================================================================================================
+
+// Random but valid blocks of a type: random quant bits, fp16 scales drawn from a sane range.
+static void random_row(int type, uint8_t *dst, int64_t n_in) {
+    size_t nb = row_bytes(type, n_in);
+    for (size_t i = 0; i < nb; i++) dst[i] = (uint8_t)(urand() * 256);
+    int64_t nblk = n_in / TYPE_TRAITS[type].blck;
+    for (int64_t b = 0; b < nblk; b++) {
+        uint8_t *blk = dst + b * TYPE_TRAITS[type].type_size;
+        uint16_t d = f32_to_fp16_bits(nrand() * 0.02f), m = f32_to_fp16_bits(nrand() * 0.02f);
+        switch (type) {
+        case GGML_TYPE_F32: for (int64_t i = 0; i < n_in; i++) ((float *)dst)[i] = nrand(); return;
+        case GGML_TYPE_F16: for (int64_t i = 0; i < n_in; i++) ((uint16_t *)dst)[i] = f32_to_fp16_bits(nrand()); return;
+        case GGML_TYPE_BF16:
+            for (int64_t i = 0; i < n_in; i++) { float f = nrand(); uint32_t u; memcpy(&u, &f, 4); ((uint16_t *)dst)[i] = (uint16_t)(u >> 16); }
+            return;
+        case GGML_TYPE_Q6_K: memcpy(blk + 208, &d, 2); break;              // d is last
+        case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K:
+            memcpy(blk, &d, 2); memcpy(blk + 2, &m, 2); break;
+        default: memcpy(blk, &d, 2); break;                                 // d first
+        }
+    }
+}
+
+static double max_rel_err(const float *got, const float *ref, const double *scale, int n) {
+    double worst = 0;
+    for (int i = 0; i < n; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]) / (scale[i] + 1e-6));
+    return worst;
+}
+
+static void test_gpu_matvec(void) {
+    const int types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+                         GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
+                         GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    // (n_in in blocks, n_out): odd row counts, one-block rows, long rows
+    const int shapes[][2] = {{1, 1}, {3, 37}, {8, 129}, {17, 64}, {40, 300}};
+    cudaStream_t st = 0;
+    if (HAVE_GPU) CUDA_CHECK(cudaStreamCreate(&st));
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        int type = types[ti];
+        double worst = 0;
+        char name[128];
+        snprintf(name, sizeof name, "gpu mat-vec %s vs matvec_c (5 shapes, bias, accumulate): |d|/sum|wx|", type_name(type));
+        if (!HAVE_GPU) { skip(name, "no GPU"); continue; }
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int blk = TYPE_TRAITS[type].blck == 1 ? 32 : TYPE_TRAITS[type].blck;
+            int64_t n_in = (int64_t)shapes[si][0] * blk, n_out = shapes[si][1];
+            if (TYPE_TRAITS[type].blck == 1) n_in += 13; // float types: rows of any length
+            size_t rb = row_bytes(type, n_in);
+            uint8_t *w = (uint8_t *)xmalloc(rb * n_out);
+            for (int64_t r = 0; r < n_out; r++) random_row(type, w + r * rb, n_in);
+            float *x = (float *)xmalloc(n_in * 4), *bias = (float *)xmalloc(n_out * 4);
+            float *y0 = (float *)xmalloc(n_out * 4), *y_ref = (float *)xmalloc(n_out * 4), *y = (float *)xmalloc(n_out * 4);
+            double *scale = (double *)xmalloc(n_out * sizeof(double));
+            float *row = (float *)xmalloc(n_in * 4);
+            for (int64_t i = 0; i < n_in; i++) x[i] = nrand();
+            for (int64_t i = 0; i < n_out; i++) { bias[i] = nrand(); y0[i] = nrand(); }
+            for (int accumulate = 0; accumulate < 2; accumulate++) {
+                Tensor W = {"test", type, n_in, n_out, w, rb * n_out, NULL};
+                Tensor B = {"bias", GGML_TYPE_F32, n_out, 1, (const uint8_t *)bias, (size_t)n_out * 4, NULL};
+                memcpy(y_ref, y0, n_out * 4);
+                matvec_c(&W, x, y_ref, &B, accumulate, row);
+                for (int64_t r = 0; r < n_out; r++) { // error scale: sum |w_i x_i| (+ |bias| + |y0|)
+                    dequant_row(type, w + r * rb, row, n_in);
+                    double s = fabs(bias[r]) + (accumulate ? fabs(y0[r]) : 0);
+                    for (int64_t i = 0; i < n_in; i++) s += fabs((double)row[i] * x[i]);
+                    scale[r] = s;
+                }
+                float *dx, *dy, *db;
+                CUDA_CHECK(cudaMalloc(&W.dev, rb * n_out));
+                CUDA_CHECK(cudaMalloc(&dx, n_in * 4));
+                CUDA_CHECK(cudaMalloc(&dy, n_out * 4));
+                CUDA_CHECK(cudaMalloc(&db, n_out * 4));
+                CUDA_CHECK(cudaMemcpy(W.dev, w, rb * n_out, cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy(dx, x, n_in * 4, cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy(dy, y0, n_out * 4, cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy(db, bias, n_out * 4, cudaMemcpyHostToDevice));
+                matvec(&W, dx, dy, db, accumulate, st);
+                CUDA_CHECK(cudaMemcpy(y, dy, n_out * 4, cudaMemcpyDeviceToHost));
+                worst = fmax(worst, max_rel_err(y, y_ref, scale, (int)n_out));
+                cudaFree(W.dev); cudaFree(dx); cudaFree(dy); cudaFree(db);
+            }
+            free(w); free(x); free(bias); free(y0); free(y_ref); free(y); free(scale); free(row);
+        }
+        report(worst <= 1e-5, name, worst, 1e-5);
+    }
+    if (HAVE_GPU) cudaStreamDestroy(st);
+}
+
+static void test_gpu_small_kernels(void) {
+    if (!HAVE_GPU) {
+        const char *names[] = {"gpu rmsnorm_kernel vs rmsnorm_c", "gpu head_rmsnorm_kernel vs rmsnorm_c per head",
+                               "gpu rope_and_kv_store (n_rot 64 of 64) vs rope_neox_c",
+                               "gpu rope_and_kv_store (n_rot 16 of 64) vs rope_neox_c",
+                               "gpu attention_kernel vs attention_c", "gpu silu_mul_kernel vs silu_c * b"};
+        for (int i = 0; i < 6; i++) skip(names[i], "no GPU");
+        return;
+    }
+    // rmsnorm + per-head rmsnorm
+    {
+        const int n = 1000, hd = 128, nh = 5;
+        float x[1000], w[1000], ref[1000], got[1000], v[nh * hd], vref[nh * hd], wh[hd];
+        for (int i = 0; i < n; i++) { x[i] = nrand() * 3; w[i] = 1 + nrand() * 0.1f; }
+        for (int i = 0; i < nh * hd; i++) v[i] = vref[i] = nrand();
+        for (int i = 0; i < hd; i++) wh[i] = nrand();
+        rmsnorm_c(ref, x, w, n, 1e-6f);
+        for (int h = 0; h < nh; h++) rmsnorm_c(vref + h * hd, vref + h * hd, wh, hd, 1e-6f);
+        float *dx, *dw, *dout, *dv, *dwh;
+        CUDA_CHECK(cudaMalloc(&dx, 4 * n)); CUDA_CHECK(cudaMalloc(&dw, 4 * n)); CUDA_CHECK(cudaMalloc(&dout, 4 * n));
+        CUDA_CHECK(cudaMalloc(&dv, 4 * nh * hd)); CUDA_CHECK(cudaMalloc(&dwh, 4 * hd));
+        CUDA_CHECK(cudaMemcpy(dx, x, 4 * n, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dw, w, 4 * n, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dv, v, 4 * nh * hd, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dwh, wh, 4 * hd, cudaMemcpyHostToDevice));
+        rmsnorm_kernel<<<1, 1024>>>(dout, dx, dw, n, 1e-6f);
+        head_rmsnorm_kernel<<<nh, 128>>>(dv, dwh, hd, 1e-6f);
+        KERNEL_CHECK();
+        CUDA_CHECK(cudaMemcpy(got, dout, 4 * n, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(v, dv, 4 * nh * hd, cudaMemcpyDeviceToHost));
+        double e1 = 0, e2 = 0;
+        for (int i = 0; i < n; i++) e1 = fmax(e1, fabs(got[i] - ref[i]) / (fabs(ref[i]) + 1e-3));
+        for (int i = 0; i < nh * hd; i++) e2 = fmax(e2, fabs(v[i] - vref[i]) / (fabs(vref[i]) + 1e-3));
+        report(e1 <= 1e-5, "gpu rmsnorm_kernel vs rmsnorm_c: |d|/(|ref|+1e-3)", e1, 1e-5);
+        report(e2 <= 1e-5, "gpu head_rmsnorm_kernel vs rmsnorm_c per head", e2, 1e-5);
+        cudaFree(dx); cudaFree(dw); cudaFree(dout); cudaFree(dv); cudaFree(dwh);
+    }
+    // RoPE + KV store, then attention over a filled cache, at several positions
+    {
+        const int n_head = 6, n_kv = 2, hd = 64, n_ctx = 300;
+        const int n_rots[2] = {64, 16}; // full rotation (qwen2/3) and partial (qwen35)
+        for (int ri = 0; ri < 2; ri++) {
+            int n_rot = n_rots[ri];
+            float q[n_head * hd], k[n_kv * hd], vv[n_kv * hd], qr[n_head * hd], kr[n_kv * hd];
+            __half kc[n_kv * hd], vc[n_kv * hd];
+            double e_rope = 0;
+            float *dq, *dk, *dvv;
+            __half *dkc, *dvc;
+            CUDA_CHECK(cudaMalloc(&dq, sizeof q)); CUDA_CHECK(cudaMalloc(&dk, sizeof k)); CUDA_CHECK(cudaMalloc(&dvv, sizeof vv));
+            CUDA_CHECK(cudaMalloc(&dkc, sizeof kc)); CUDA_CHECK(cudaMalloc(&dvc, sizeof vc));
+            int positions[3] = {0, 7, 4000};
+            for (int pi = 0; pi < 3; pi++) {
+                int pos = positions[pi];
+                for (int i = 0; i < n_head * hd; i++) q[i] = qr[i] = nrand();
+                for (int i = 0; i < n_kv * hd; i++) { k[i] = kr[i] = nrand(); vv[i] = nrand(); }
+                rope_neox_c(qr, n_head, hd, n_rot, pos, 1e6f, 1.0f);
+                rope_neox_c(kr, n_kv, hd, n_rot, pos, 1e6f, 1.0f);
+                CUDA_CHECK(cudaMemcpy(dq, q, sizeof q, cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy(dvv, vv, sizeof vv, cudaMemcpyHostToDevice));
+                rope_and_kv_store_kernel<<<n_head + n_kv, 128>>>(dq, dk, dvv, dkc, dvc, n_head, hd, n_rot, pos, 1e6f, 1.0f);
+                KERNEL_CHECK();
+                CUDA_CHECK(cudaMemcpy(q, dq, sizeof q, cudaMemcpyDeviceToHost));
+                CUDA_CHECK(cudaMemcpy(kc, dkc, sizeof kc, cudaMemcpyDeviceToHost));
+                CUDA_CHECK(cudaMemcpy(vc, dvc, sizeof vc, cudaMemcpyDeviceToHost));
+                for (int i = 0; i < n_head * hd; i++) e_rope = fmax(e_rope, fabs(q[i] - qr[i]));
+                for (int i = 0; i < n_kv * hd; i++) { // the cache is fp16: compare within half precision
+                    e_rope = fmax(e_rope, fabs(__half2float(kc[i]) - kr[i]) / (fabs(kr[i]) * 1e-3 + 1e-4) * 1e-6);
+                    e_rope = fmax(e_rope, fabs(__half2float(vc[i]) - vv[i]) / (fabs(vv[i]) * 1e-3 + 1e-4) * 1e-6);
+                }
+            }
+            char name[128];
+            snprintf(name, sizeof name, "gpu rope_and_kv_store (n_rot %d of %d) vs rope_neox_c", n_rot, hd);
+            report(e_rope <= 1e-5, name, e_rope, 1e-5);
+            cudaFree(dq); cudaFree(dk); cudaFree(dvv); cudaFree(dkc); cudaFree(dvc);
+        }
+        // attention: a random fp16 cache; the C twin reads the same fp16 values widened to fp32
+        size_t csz = (size_t)n_ctx * n_kv * hd;
+        __half *hk = (__half *)xmalloc(csz * 2), *hv = (__half *)xmalloc(csz * 2);
+        float *fk = (float *)xmalloc(csz * 4), *fv = (float *)xmalloc(csz * 4);
+        for (size_t i = 0; i < csz; i++) {
+            hk[i] = __float2half(nrand()); hv[i] = __float2half(nrand());
+            fk[i] = __half2float(hk[i]); fv[i] = __half2float(hv[i]);
+        }
+        float q[n_head * hd], out[n_head * hd], ref[n_head * hd], att[n_ctx];
+        for (int i = 0; i < n_head * hd; i++) q[i] = nrand() * 2;
+        __half *dk, *dv;
+        float *dq, *dout, *dsc;
+        CUDA_CHECK(cudaMalloc(&dk, csz * 2)); CUDA_CHECK(cudaMalloc(&dv, csz * 2));
+        CUDA_CHECK(cudaMalloc(&dq, sizeof q)); CUDA_CHECK(cudaMalloc(&dout, sizeof out));
+        CUDA_CHECK(cudaMalloc(&dsc, (size_t)n_head * n_ctx * 4));
+        CUDA_CHECK(cudaMemcpy(dk, hk, csz * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dv, hv, csz * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(dq, q, sizeof q, cudaMemcpyHostToDevice));
+        double e_att = 0;
+        int positions[4] = {0, 1, 100, n_ctx - 1};
+        for (int pi = 0; pi < 4; pi++) {
+            int pos = positions[pi];
+            attention_c(ref, q, fk, fv, att, n_head, n_kv, hd, pos);
+            attention_kernel<<<n_head, 256, hd * 4>>>(dout, dq, dk, dv, dsc, n_head, n_kv, hd, n_ctx, pos);
+            KERNEL_CHECK();
+            CUDA_CHECK(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
+            for (int i = 0; i < n_head * hd; i++) e_att = fmax(e_att, fabs(out[i] - ref[i]));
+        }
+        report(e_att <= 1e-4, "gpu attention_kernel vs attention_c (pos 0,1,100,299): max|d|", e_att, 1e-4);
+        cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(dout); cudaFree(dsc);
+        free(hk); free(hv); free(fk); free(fv);
+    }
+    // silu * mul
+    {
+        const int n = 777;
+        float a[n], b[n], ref[n];
+        for (int i = 0; i < n; i++) { a[i] = nrand() * 4; b[i] = nrand(); ref[i] = silu_c(a[i]) * b[i]; }
+        float *da, *db;
+        CUDA_CHECK(cudaMalloc(&da, sizeof a)); CUDA_CHECK(cudaMalloc(&db, sizeof b));
+        CUDA_CHECK(cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice));
+        silu_mul_kernel<<<(n + 255) / 256, 256>>>(da, db, n);
+        KERNEL_CHECK();
+        CUDA_CHECK(cudaMemcpy(a, da, sizeof a, cudaMemcpyDeviceToHost));
+        double e = 0;
+        for (int i = 0; i < n; i++) e = fmax(e, fabs(a[i] - ref[i]) / (fabs(ref[i]) + 1e-3));
+        report(e <= 1e-5, "gpu silu_mul_kernel vs silu_c * b", e, 1e-5);
+        cudaFree(da); cudaFree(db);
+    }
+}
+
+int main(int argc, char **argv) {
+    (void)argc; (void)argv;
+    if (getenv("QWEN_TEST_DATA")) DATA = getenv("QWEN_TEST_DATA");
+    if (getenv("QWEN_BIN")) QWEN = getenv("QWEN_BIN");
+    int gpu = HAVE_GPU = gpu_available();
+    if (gpu) {
+        cudaDeviceProp p;
+        CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+        printf("# GPU: %s (sm_%d%d)\n", p.name, p.major, p.minor);
+    } else {
+        printf("# no CUDA GPU: GPU checks are skipped\n");
+    }
+    load_seqs();
+
+    test_conversions();
+    test_gguf_reader();
+    test_dequantizers();
+    test_sampler();
+    test_cli();
+    test_models(0);
+
+    test_gpu_matvec();
+    test_gpu_small_kernels();
+    test_models(1);
+    printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
+    return n_fail ? 1 : 0;
+}
