@@ -1932,7 +1932,7 @@ static void usage(void) {
 
 int main(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *dump_path = NULL;
-    int n_predict = 256, n_ctx = 4096, use_cpu = 0, compat_note = 0;
+    int n_predict = 256, n_ctx = 4096, n_batch = 512, use_cpu = 0, compat_note = 0;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
     int top_k = 40;
     long long seed = -1;
@@ -1945,7 +1945,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--tokens")) tokens_arg = NEXT();
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) n_predict = atoi(NEXT());
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) n_ctx = atoi(NEXT());
-        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) (void)atoi(NEXT());
+        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) n_batch = atoi(NEXT());
         else if (!strcmp(a, "--temp")) temp = (float)atof(NEXT());
         else if (!strcmp(a, "--top-k")) top_k = atoi(NEXT());
         else if (!strcmp(a, "--top-p")) top_p = (float)atof(NEXT());
@@ -1964,6 +1964,7 @@ int main(int argc, char **argv) {
     if (compat_note) fprintf(stderr, "note: -ngl/-t are accepted for compatibility; qwen.cu always runs the whole model on the GPU\n");
     if (prompt && tokens_arg) die("give the prompt either as text (-p) or as ids (--tokens), not both");
     if (n_ctx <= 0) die("-c %d: the context length must be positive", n_ctx);
+    if (n_batch <= 0) die("-b %d: the batch size must be positive", n_batch);
     if (n_predict < 0) die("-n %d: must be >= 0", n_predict);
     if (top_p <= 0.0f || top_p > 1.0f) die("--top-p %g: must be in (0, 1]", top_p);
     if (seed < 0) seed = (long long)time(NULL);
