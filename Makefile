@@ -64,4 +64,13 @@ test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
 clean:
 	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70
 
-.PHONY: all test clean
+.PHONY: all test clean bench
+
+# synthetic full-size models for benchmarks: test/gen_model --model qwen2.5-32b --ftype iq4_xs -o F.gguf
+test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
+	$(NVCC_RUN) $(NVFLAGS) -o $@ test/gen_model.cu $(LDLIBS) -lpthread
+
+# decode benchmark on a GPU: make bench MODEL=path/to/model.gguf
+bench: qwen$(SUFFIX)
+	@test -n "$(MODEL)" || { echo "usage: make bench MODEL=model.gguf  (make one with test/gen_model)"; exit 1; }
+	./qwen$(SUFFIX) --bench -m $(MODEL)

@@ -66,7 +66,12 @@ static void die(const char *fmt, ...) {
     } while (0)
 
 // After every kernel launch: catches bad launch configurations at the line that made them.
-#define KERNEL_CHECK() CUDA_CHECK(cudaGetLastError())
+// (A function, so that it can follow a launch inside an expression.)
+static void kernel_check(const char *file, int line) {
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) die("CUDA kernel launch: %s (%s:%d)", cudaGetErrorString(err), file, line);
+}
+#define KERNEL_CHECK() kernel_check(__FILE__, __LINE__)
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
@@ -825,6 +830,7 @@ typedef struct {
     const uint8_t *host;   // (n_out, row_bytes(type, n_in)) in the mapped file
     size_t nbytes;
     void *dev;             // same bytes in device memory, or NULL (host-only / not uploaded)
+    int planes;            // 1: the device copy is in the plane layout of the fast mat-vecs (section 6)
 } Tensor;
 
 typedef struct {
@@ -1387,118 +1393,604 @@ __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride
     }
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w, one block. C twin: rmsnorm_c.
-__global__ void rmsnorm_kernel(float *out, const float *x, const float *w /* (n) */, int n, float eps) {
+// --- 16-bit activations for the fast mat-vecs ----------------------------------------------------
+// The four types that carry the bytes of real files (Q4_0, IQ4_XS, Q5_K, Q6_K) are multiplied with
+// integer dot products (dp4a: 4 int8 products summed into an int32 in one instruction, sm_61+).
+// Their input vector is carried as 16-bit integers with one fp32 scale per 32 values:
+//
+//   x[i] ~= s * X[i],   s = amax / 32512,   X[i] = round(x[i] / s) in [-32512, 32512]
+//   X = 256*H + L with H = floor((X + 128) / 256) and L = X - 256*H, both int8
+//
+// so sum_i w[i]*X[i] = 256 * dp4a(w, H) + dp4a(w, L), exact in int32. The rounding error of a value
+// is at most amax/65024 of its block: for a Gaussian block that is ~13x smaller than fp16's relative
+// 2^-11, and unlike fp16 it cannot overflow on Qwen's large activations. Everything after the
+// 32-value integer dot (scales, sums across blocks) is fp32. (llama.cpp uses 8 bits here, 256x
+// coarser, which is what puts it at KL 2-5e-3 on the fixtures.)
+//
+// Layout of a quantized vector of n values (nb = n/32 blocks), "chunk-major" so that 32 lanes
+// reading 32 consecutive blocks read 512 contiguous bytes:
+//   q   (4, nb) x 16 bytes: chunk 0 = H[0..15], 1 = H[16..31], 2 = L[0..15], 3 = L[16..31]
+//   s   (nb) fp32 scale,  sum (nb) int32 = sum of X over the block (for offsets and minimums)
+
+#define XQ_MAX 32512 // 127 * 256: keeps H inside int8
+
+typedef struct {
+    int4 *q;    // (4, nb) chunks of 16 int8
+    float *s;   // (nb)
+    int *sum;   // (nb)
+} XQ;
+
+// An activation vector as the mat-vecs consume it: fp32 for the generic kernels, 16-bit for the fast.
+typedef struct {
+    float *f;   // (n)
+    XQ q;       // n/32 blocks; q.q == NULL when n is not a multiple of 32
+} Act;
+
+// C twin of the quantizer, one block of 32 values.
+static void quantize_block_c(const float *x, int8_t *H, int8_t *L, float *s, int *sum) {
+    float amax = 0.0f;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float inv = amax > 0.0f ? XQ_MAX / amax : 0.0f;
+    int total = 0;
+    for (int i = 0; i < 32; i++) {
+        int X = (int)rintf(x[i] * inv);
+        X = X > XQ_MAX ? XQ_MAX : X < -XQ_MAX ? -XQ_MAX : X;
+        int h = (X + 128) >> 8; // arithmetic shift: floor((X + 128) / 256)
+        H[i] = (int8_t)h;
+        L[i] = (int8_t)(X - 256 * h);
+        total += X;
+    }
+    *s = amax / XQ_MAX;
+    *sum = total;
+}
+
+// The quantizer on the GPU: the 32 lanes of a warp hold the 32 values of block b, one each.
+__device__ void quantize_block_warp(float v, XQ xq, int b, int nb) {
+    int lane = threadIdx.x % WARP;
+    float amax = warp_max(fabsf(v));
+    float inv = amax > 0.0f ? XQ_MAX / amax : 0.0f;
+    int X = __float2int_rn(v * inv);
+    X = max(-XQ_MAX, min(XQ_MAX, X));
+    int h = (X + 128) >> 8;
+    ((int8_t *)(xq.q + (size_t)(lane / 16) * nb + b))[lane % 16] = (int8_t)h;
+    ((int8_t *)(xq.q + (size_t)(2 + lane / 16) * nb + b))[lane % 16] = (int8_t)(X - 256 * h);
+    int total = X;
+    for (int o = WARP / 2; o > 0; o /= 2) total += __shfl_xor_sync(0xffffffffu, total, o);
+    if (lane == 0) {
+        xq.s[b] = amax / XQ_MAX;
+        xq.sum[b] = total;
+    }
+}
+
+// Quantize a whole fp32 vector (n a multiple of 32): one warp per block. C twin: quantize_block_c.
+__global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
+    int b = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, nb = n / 32;
+    if (b < nb) quantize_block_warp(x[32 * b + threadIdx.x % WARP], xq, b, nb);
+}
+
+// --- GPU weight layout: the fast types as 16-byte planes -----------------------------------------
+// The file's blocks are 18, 136, 176 and 210 bytes long, which breaks 16-byte loads. At upload they
+// are rewritten (same bytes per weight, nothing lost) as planes indexed by g, the global number of a
+// 32-weight sub-block (g = row * n_in/32 + k), NB sub-blocks in the tensor:
+//
+//   every type  qs plane (NB x 16 B): byte j = value of element j (low nibble) | element j+16 (high)
+//   Q4_0        d plane  (NB x fp16)
+//   IQ4_XS      hdr plane (NB/8 x 8 B):  d, scales_h, scales_l[4] of the super-block
+//   Q5_K        qh plane (NB x 4 B): bit e = 5th bit of element e;  hdr plane (NB/8 x 16 B): d, dmin, scales[12]
+//   Q6_K        qh plane (NB x 8 B): word w (w = 0: elements 0..15, 1: 16..31), byte b, bits 2m..2m+1 =
+//               high 2 bits of element 16w + 4m + b;  sc plane (NB/8 x 16 int8);  d plane (NB/8 x fp16)
+//
+// repack_c is the C twin (used by the tests to check repack_kernel and nothing else).
+
+static int is_fast_type(int t) {
+    return t == GGML_TYPE_Q4_0 || t == GGML_TYPE_IQ4_XS || t == GGML_TYPE_Q5_K || t == GGML_TYPE_Q6_K;
+}
+
+// Repack file blocks [b0, b0+n) of a tensor with NB sub-blocks into the planes at dst.
+// A "block" is the file's block: 32 weights (Q4_0) or 256 (the others: 8 sub-blocks).
+__host__ __device__ static void repack_block(int type, const uint8_t *src, uint8_t *dst, size_t blk, size_t NB) {
+    if (type == GGML_TYPE_Q4_0) {
+        const block_q4_0 *b = (const block_q4_0 *)src;
+        memcpy(dst + 16 * blk, b->qs, 16);
+        memcpy(dst + 16 * NB + 2 * blk, &b->d, 2);
+    } else if (type == GGML_TYPE_IQ4_XS) {
+        const block_iq4_xs *b = (const block_iq4_xs *)src;
+        memcpy(dst + 16 * 8 * blk, b->qs, 128);
+        memcpy(dst + 16 * NB + 8 * blk, &b->d, 2);
+        memcpy(dst + 16 * NB + 8 * blk + 2, &b->scales_h, 2);
+        memcpy(dst + 16 * NB + 8 * blk + 4, b->scales_l, 4);
+    } else if (type == GGML_TYPE_Q5_K) {
+        const block_q5_K *b = (const block_q5_K *)src;
+        for (int sub = 0; sub < 8; sub++) {
+            size_t g = 8 * blk + sub;
+            int c = sub / 2, shift = 4 * (sub % 2);
+            uint32_t qh = 0;
+            for (int j = 0; j < 16; j++) {
+                int lo = (b->qs[32 * c + j] >> shift) & 0xf, hi = (b->qs[32 * c + 16 + j] >> shift) & 0xf;
+                dst[16 * g + j] = (uint8_t)(lo | (hi << 4));
+            }
+            for (int e = 0; e < 32; e++) qh |= (uint32_t)((b->qh[e] >> sub) & 1) << e;
+            memcpy(dst + 16 * NB + 4 * g, &qh, 4);
+        }
+        memcpy(dst + 20 * NB + 16 * blk, b, 16); // d, dmin, scales[12]
+    } else if (type == GGML_TYPE_Q6_K) {
+        const block_q6_K *b = (const block_q6_K *)src;
+        for (int sub = 0; sub < 8; sub++) {
+            size_t g = 8 * blk + sub;
+            int n = sub / 4, j = sub % 4;
+            const uint8_t *ql = b->ql + 64 * n + 32 * (j % 2), *qh = b->qh + 32 * n;
+            uint8_t lo4[32], hi2[32];
+            for (int e = 0; e < 32; e++) {
+                lo4[e] = (ql[e] >> (4 * (j / 2))) & 0xf;
+                hi2[e] = (qh[e] >> (2 * j)) & 3;
+            }
+            for (int i = 0; i < 16; i++) dst[16 * g + i] = (uint8_t)(lo4[i] | (lo4[i + 16] << 4));
+            uint8_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int half = 0; half < 2; half++)
+                for (int m = 0; m < 4; m++)
+                    for (int bb = 0; bb < 4; bb++) w[4 * half + bb] |= (uint8_t)(hi2[16 * half + 4 * m + bb] << (2 * m));
+            memcpy(dst + 16 * NB + 8 * g, w, 8);
+        }
+        memcpy(dst + 24 * NB + 16 * blk, b->scales, 16);
+        memcpy(dst + 26 * NB + 2 * blk, &b->d, 2);
+    }
+}
+
+static void repack_c(int type, const uint8_t *src, uint8_t *dst, size_t n_blocks, size_t NB) {
+    for (size_t i = 0; i < n_blocks; i++) repack_block(type, src + i * TYPE_TRAITS[type].type_size, dst, i, NB);
+}
+
+__global__ void repack_kernel(int type, int type_size, const uint8_t *src /* (n_blocks) file blocks */,
+                              uint8_t *dst, size_t b0, size_t n_blocks, size_t NB) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n_blocks) repack_block(type, src + i * type_size, dst, b0 + i, NB);
+}
+
+// --- fast mat-vec: one 32-weight sub-block against one 16-bit activation block -------------------
+// sub_dot<TYPE>(W, g, NB, x) = sum_{e<32} w[e] * x^[e] for sub-block g of the weights, where
+// x^ = s * X is the quantized activation block. The weights' 32 values are rebuilt as int8 lanes of
+// eight 32-bit words (lo[k]: elements 4k..4k+3, hi[k]: 16+4k..16+4k+3), which pair with the
+// activation chunks as they are stored.
+
+typedef struct {
+    int4 h0, h1, l0, l1; // the four 16-byte chunks of X = 256*H + L
+    float s;
+    int sum;
+} XBlock;
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+
+// sum over the block of q[e] * X[e] for q given as 8 words of int8 (elements 0..15 in lo, 16..31 in hi)
+__device__ __forceinline__ int dot_q_x(const int lo[4], const int hi[4], const XBlock &x) {
+    const int *h0 = (const int *)&x.h0, *h1 = (const int *)&x.h1, *l0 = (const int *)&x.l0, *l1 = (const int *)&x.l1;
+    int ah = 0, al = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        ah = dp4a(lo[k], h0[k], ah);
+        ah = dp4a(hi[k], h1[k], ah);
+        al = dp4a(lo[k], l0[k], al);
+        al = dp4a(hi[k], l1[k], al);
+    }
+    return 256 * ah + al;
+}
+
+// 8 nibbles of a 32-bit word: low nibbles and high nibbles as 4 bytes each
+__device__ __forceinline__ void nibbles(int w, int *lo, int *hi) {
+    *lo = w & 0x0f0f0f0f;
+    *hi = (w >> 4) & 0x0f0f0f0f;
+}
+
+template <int TYPE> __device__ float sub_dot(const uint8_t *W, size_t g, size_t NB, const XBlock &x);
+
+// Q4_0: w = d * (q - 8)   ->   d * s * (sum q*X - 8 * sum X)
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const uint8_t *W, size_t g, size_t NB, const XBlock &x) {
+    int4 q = __ldg((const int4 *)W + g);
+    float d = __half2float(__ldg((const __half *)(W + 16 * NB) + g));
+    int lo[4], hi[4];
+    nibbles(q.x, &lo[0], &hi[0]); nibbles(q.y, &lo[1], &hi[1]);
+    nibbles(q.z, &lo[2], &hi[2]); nibbles(q.w, &lo[3], &hi[3]);
+    return d * x.s * (float)(dot_q_x(lo, hi, x) - 8 * x.sum);
+}
+
+// IQ4 values of the 8 nibbles of a word, as int8: *lo gets the low nibbles of bytes 0..3 (elements
+// 4k..4k+3), *hi the high nibbles (elements 16+4k..). The 16-entry table lives in four registers
+// (T0..T3 = kvalues[0..15] as bytes). __byte_perm picks bytes with a selector nibble whose 3 low bits
+// index 8 bytes, so each nibble is looked up in both halves of the table and the 4th index bit picks
+// the half; two last permutes separate the low and high nibbles.
+#define IQ4_T0 0xbfad9881 // -127 -104 -83 -65
+#define IQ4_T1 0xf6eaddcf //  -49  -35 -22 -10
+#define IQ4_T2 0x26190d01 //    1   13  25  38
+#define IQ4_T3 0x71594535 //   53   69  89 113
+__device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) {
+    int sel = w & 0x77777777;                         // index bits 0..2 of every nibble
+    int pick = 0x32103210 | ((w >> 1) & 0x44444444);  // nibble k: byte k%4 of the lower half, +4 = upper
+    int a0 = __byte_perm(IQ4_T0, IQ4_T1, sel), b0 = __byte_perm(IQ4_T2, IQ4_T3, sel);
+    int a1 = __byte_perm(IQ4_T0, IQ4_T1, sel >> 16), b1 = __byte_perm(IQ4_T2, IQ4_T3, sel >> 16);
+    int r0 = __byte_perm(a0, b0, pick), r1 = __byte_perm(a1, b1, pick >> 16); // nibbles 0..3, 4..7
+    *lo = __byte_perm(r0, r1, 0x6420);
+    *hi = __byte_perm(r0, r1, 0x7531);
+}
+
+// IQ4_XS: w = d * (ls - 32) * kvalues[q]
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const uint8_t *W, size_t g, size_t NB, const XBlock &x) {
+    int4 q = __ldg((const int4 *)W + g);
+    const uint8_t *hdr = W + 16 * NB + 8 * (g / 8);
+    int ib = (int)(g % 8);
+    float d = __half2float(__ldg((const __half *)hdr));
+    int scales_h = __ldg((const uint16_t *)(hdr + 2));
+    int scales_l = __ldg(hdr + 4 + ib / 2);
+    int ls = ((scales_l >> (4 * (ib % 2))) & 0xf) | (((scales_h >> (2 * ib)) & 3) << 4);
+    const int *qw = (const int *)&q;
+    int lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) iq4_lookup8(qw[k], &lo[k], &hi[k]);
+    return d * (float)(ls - 32) * x.s * (float)dot_q_x(lo, hi, x);
+}
+
+// Spread 4 bits t (bit i = 5th bit of element i) to bit 4 of bytes 0..3: t * (1 + 2^7 + 2^14 + 2^21) << 4
+// puts bit i at 8i + 4 with no carries between the copies.
+__device__ __forceinline__ int spread4_bit4(int t) { return (t * 0x02040810) & 0x10101010; }
+
+// Q5_K: w = d * sc * q5 - dmin * m   ->   s * (d * sc * sum q5*X - dmin * m * sum X)
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const uint8_t *W, size_t g, size_t NB, const XBlock &x) {
+    int4 q = __ldg((const int4 *)W + g);
+    int qh = __ldg((const int *)(W + 16 * NB) + g);
+    const uint8_t *hdr = W + 20 * NB + 16 * (g / 8);
+    int sub = (int)(g % 8);
+    __half2 dm = __ldg((const __half2 *)hdr);
+    const uint8_t *sc = hdr + 4;
+    int scale, mn;
+    if (sub < 4) {
+        scale = __ldg(sc + sub) & 63;
+        mn = __ldg(sc + sub + 4) & 63;
+    } else {
+        int a = __ldg(sc + sub + 4), b = __ldg(sc + sub - 4), c = __ldg(sc + sub);
+        scale = (a & 0xf) | ((b >> 6) << 4);
+        mn = (a >> 4) | ((c >> 6) << 4);
+    }
+    const int *qw = (const int *)&q;
+    int lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        nibbles(qw[k], &lo[k], &hi[k]);
+        lo[k] |= spread4_bit4((qh >> (4 * k)) & 0xf);
+        hi[k] |= spread4_bit4((qh >> (16 + 4 * k)) & 0xf);
+    }
+    float2 f = __half22float2(dm);
+    return x.s * (f.x * scale * (float)dot_q_x(lo, hi, x) - f.y * mn * (float)x.sum);
+}
+
+// Q6_K: w = d * sc * (q6 - 32), one int8 scale per 16 weights
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const uint8_t *W, size_t g, size_t NB, const XBlock &x) {
+    int4 q = __ldg((const int4 *)W + g);
+    int2 qh = __ldg((const int2 *)(W + 16 * NB) + g);
+    int sub = (int)(g % 8);
+    const int8_t *scp = (const int8_t *)(W + 24 * NB + 16 * (g / 8) + 2 * sub);
+    int sc0 = __ldg(scp), sc1 = __ldg(scp + 1);
+    float d = __half2float(__ldg((const __half *)(W + 26 * NB) + g / 8));
+    const int *qw = (const int *)&q;
+    int lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        nibbles(qw[k], &lo[k], &hi[k]);
+        // high 2 bits of elements 4k..4k+3 sit at bits 2k..2k+1 of each byte of qh.x (16+4k..: qh.y)
+        int hl = ((qh.x >> (2 * k)) & 0x03030303) << 4, hh = ((qh.y >> (2 * k)) & 0x03030303) << 4;
+        lo[k] = __vsub4(lo[k] | hl, 0x20202020); // q6 - 32 as signed bytes
+        hi[k] = __vsub4(hi[k] | hh, 0x20202020);
+    }
+    // the two 16-weight halves have their own scales: split the dot product
+    const int *h0 = (const int *)&x.h0, *h1 = (const int *)&x.h1, *l0 = (const int *)&x.l0, *l1 = (const int *)&x.l1;
+    int ah0 = 0, al0 = 0, ah1 = 0, al1 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        ah0 = dp4a(lo[k], h0[k], ah0);
+        al0 = dp4a(lo[k], l0[k], al0);
+        ah1 = dp4a(hi[k], h1[k], ah1);
+        al1 = dp4a(hi[k], l1[k], al1);
+    }
+    return d * x.s * (float)(sc0 * (256 * ah0 + al0) + sc1 * (256 * ah1 + al1));
+}
+
+__device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
+    XBlock b;
+    b.h0 = xq.q[u];
+    b.h1 = xq.q[nb + u];
+    b.l0 = xq.q[2 * nb + u];
+    b.l1 = xq.q[3 * nb + u];
+    b.s = xq.s[u];
+    b.sum = xq.sum[u];
+    return b;
+}
+
+#define FAST_WARPS 4 // warps per block of the fast mat-vec
+// y[r] = W[r,:] . x (+ bias[r]) (+ y[r]) for the fast types. Each warp owns R consecutive rows and
+// its lanes walk the rows' sub-blocks in step, so every activation block loaded serves R rows.
+// C twin: matvec_xq_c.
+template <int TYPE, int R>
+__global__ void __launch_bounds__(FAST_WARPS * WARP)
+matvec_fast_kernel(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
+                   XQ xq,              // (n_sub) blocks of the input
+                   const float *bias,  // (n_out) or NULL
+                   float *y,           // (n_out)
+                   int n_sub, int n_out, int accumulate) {
+    int lane = threadIdx.x % WARP;
+    int row0 = (blockIdx.x * FAST_WARPS + threadIdx.x / WARP) * R;
+    if (row0 >= n_out) return;
+    size_t NB = (size_t)n_out * n_sub;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int u = lane; u < n_sub; u += WARP) {
+        XBlock xb = load_xblock(xq, u, n_sub);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (row0 + r < n_out) acc[r] += sub_dot<TYPE>(W, (size_t)(row0 + r) * n_sub + u, NB, xb);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0 && row0 + r < n_out) {
+            if (bias) v += bias[row0 + r];
+            y[row0 + r] = accumulate ? y[row0 + r] + v : v;
+        }
+    }
+}
+
+// C twin of the fast mat-vecs: the dequantized weights (file layout) against the dequantized
+// 16-bit activations, summed in double.
+static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int8_t *L, const float *s /* (n_in/32) */,
+                        const float *bias, float *y, int accumulate, float *row /* (n_in) scratch */) {
+    size_t rb = row_bytes(W->type, W->n_in);
+    for (int64_t r = 0; r < W->n_out; r++) {
+        dequant_row(W->type, W->host + r * rb, row, W->n_in);
+        double sum = 0.0;
+        for (int64_t i = 0; i < W->n_in; i++) sum += (double)row[i] * s[i / 32] * (256 * H[i] + L[i]);
+        if (bias) sum += bias[r];
+        y[r] = accumulate ? y[r] + (float)sum : (float)sum;
+    }
+}
+
+// FFN gate and up in one pass, fast types: each block owns 32 consecutive rows of both matrices
+// (FAST_WARPS warps x 8 rows), and finishes with h = silu(gate) * up written in fp32 and as one
+// quantized block, ready for the down projection. C twin: matvec_xq_c twice, silu_c, quantize_block_c.
+#define GATE_UP_WARPS 8
+template <int TYPE>
+__global__ void __launch_bounds__(GATE_UP_WARPS * WARP)
+ffn_gate_up_silu_kernel(const uint8_t *Wg, const uint8_t *Wu, // planes, (n_ff rows, n_sub sub-blocks)
+                        XQ xq,                                // (n_sub) input blocks
+                        Act h,                                // out: (n_ff) silu(gate) * up
+                        int n_sub, int n_ff) {
+    __shared__ float hs[32];
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
+    int row0 = blockIdx.x * 32 + wid * 4; // 4 rows of gate and the same 4 of up per warp
+    size_t NB = (size_t)n_ff * n_sub;
+    float ag[4] = {0, 0, 0, 0}, au[4] = {0, 0, 0, 0};
+    for (int u = lane; u < n_sub; u += WARP) {
+        XBlock xb = load_xblock(xq, u, n_sub);
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            size_t g = (size_t)(row0 + r) * n_sub + u;
+            ag[r] += sub_dot<TYPE>(Wg, g, NB, xb);
+            au[r] += sub_dot<TYPE>(Wu, g, NB, xb);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        float gv = warp_sum(ag[r]), uv = warp_sum(au[r]);
+        if (lane == 0) hs[wid * 4 + r] = gv / (1.0f + __expf(-gv)) * uv;
+    }
+    __syncthreads();
+    if (wid == 0) {
+        float v = hs[lane];
+        h.f[blockIdx.x * 32 + lane] = v;
+        quantize_block_warp(v, h.q, blockIdx.x, n_ff / 32);
+    }
+}
+
+// --- norms, RoPE + KV cache, attention, SwiGLU ---------------------------------------------------
+
+// out = x / sqrt(mean(x^2) + eps) * w in fp32, and (n a multiple of 32) its quantized copy.
+// One block. C twin: rmsnorm_c, then quantize_block_c.
+__global__ void rmsnorm_quant_kernel(Act out, const float *x, const float *w /* (n) */, int n, float eps) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
     ss = block_sum(ss);
     float scale = rsqrtf(ss / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = x[i] * scale * w[i];
+    if (out.q.q && n % 32 == 0) {
+        int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+        for (int b = threadIdx.x / WARP; b < n / 32; b += nw) {
+            int i = 32 * b + lane;
+            float v = x[i] * scale * w[i];
+            out.f[i] = v;
+            quantize_block_warp(v, out.q, b, n / 32);
+        }
+    } else {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) out.f[i] = x[i] * scale * w[i];
+    }
 }
 
-// RMSNorm of each head in place (qwen3 q/k norm): one block per head. C twin: rmsnorm_c per head.
-__global__ void head_rmsnorm_kernel(float *v /* (n_heads, hd) */, const float *w /* (hd) */, int hd, float eps) {
-    float *p = v + (size_t)blockIdx.x * hd;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += p[i] * p[i];
-    ss = block_sum(ss);
-    float scale = rsqrtf(ss / hd + eps);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) p[i] = p[i] * scale * w[i];
-}
-
-// NEOX RoPE on q (in place) and k, then k and v appended to the fp16 cache at `pos`.
-// Grid: one block per head, q heads first then kv heads; thread i < n_rot/2 rotates the pair
-// (i, i + n_rot/2), threads >= n_rot copy the pass-through dims. C twin: rope_neox_c + the memcpy
-// into the cache in forward_cpu.
-__global__ void rope_and_kv_store_kernel(float *q,        // (n_head, hd) roped in place
-                                         const float *k,  // (n_kv, hd)
-                                         const float *v,  // (n_kv, hd)
-                                         __half *kc,      // (n_kv, hd) this position's cache row
-                                         __half *vc,      // (n_kv, hd)
-                                         int n_head, int hd, int n_rot, int pos, float base, float freq_scale) {
-    int h = blockIdx.x;
-    int half_rot = n_rot / 2;
+// Per head: optional RMSNorm (qwen3's q/k norm), NEOX RoPE on the first n_rot dims, then k and v
+// appended to the fp16 cache at *pos. Grid: n_head + n_kv blocks, q heads first. q is normed and
+// roped in place. C twin: rmsnorm_c per head, rope_neox_c, and the copy into the cache in forward_cpu.
+__global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) in place
+                                         const float *k,      // (n_kv, hd)
+                                         const float *v,      // (n_kv, hd)
+                                         const float *q_norm, // (hd) or NULL
+                                         const float *k_norm, // (hd) or NULL
+                                         __half *kc,          // (n_ctx, n_kv, hd) this layer's caches
+                                         __half *vc,
+                                         const int *pos_p, int n_head, int n_kv, int hd, int n_rot,
+                                         float base, float freq_scale, float eps) {
+    extern __shared__ float buf[]; // (hd)
+    int h = blockIdx.x, pos = *pos_p;
     int is_q = h < n_head;
     const float *src = is_q ? q + (size_t)h * hd : k + (size_t)(h - n_head) * hd;
+    const float *nw = is_q ? q_norm : k_norm;
+    float ss = 0.0f;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        if (i < half_rot) {
-            double theta = (double)pos * freq_scale * pow((double)base, -2.0 * i / n_rot);
+        buf[i] = src[i];
+        ss += buf[i] * buf[i];
+    }
+    if (nw) { // block_sum synchronizes; without a norm, the barrier below does
+        float scale = rsqrtf(block_sum(ss) / hd + eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = buf[i] * scale * nw[i];
+    }
+    __syncthreads();
+    int half_rot = n_rot / 2;
+    size_t row = ((size_t)pos * n_kv + (is_q ? 0 : h - n_head)) * hd; // cache row of this kv head
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float y;
+        if (i < n_rot) {
+            int j = i < half_rot ? i : i - half_rot;
+            double theta = (double)pos * freq_scale * pow((double)base, -2.0 * j / n_rot);
             float cs = (float)cos(theta), sn = (float)sin(theta);
-            float x0 = src[i], x1 = src[i + half_rot];
-            float y0 = x0 * cs - x1 * sn, y1 = x0 * sn + x1 * cs;
-            if (is_q) {
-                q[(size_t)h * hd + i] = y0;
-                q[(size_t)h * hd + i + half_rot] = y1;
-            } else {
-                kc[(size_t)(h - n_head) * hd + i] = __float2half(y0);
-                kc[(size_t)(h - n_head) * hd + i + half_rot] = __float2half(y1);
-            }
-        } else if (i >= n_rot && !is_q) {
-            kc[(size_t)(h - n_head) * hd + i] = __float2half(src[i]);
+            y = i < half_rot ? buf[i] * cs - buf[i + half_rot] * sn : buf[i - half_rot] * sn + buf[i] * cs;
+        } else {
+            y = buf[i];
         }
-        if (!is_q) vc[(size_t)(h - n_head) * hd + i] = __float2half(v[(size_t)(h - n_head) * hd + i]);
+        if (is_q) {
+            q[(size_t)h * hd + i] = y;
+        } else {
+            kc[row + i] = __float2half(y);
+            vc[row + i] = __float2half(v[(size_t)(h - n_head) * hd + i]);
+        }
     }
 }
 
-// Causal GQA attention for one new token at `pos`: one block per query head.
-//   scores[t] = q . K[t] / sqrt(hd) for t <= pos, softmax in fp32, out = sum_t p[t] V[t].
-// Scores go to a global scratch row per head (no limit on the context length). C twin: attention_c.
-__global__ void attention_kernel(float *out,          // (n_head, hd)
-                                 const float *q,      // (n_head, hd)
-                                 const __half *kc,    // (n_ctx, n_kv, hd) this layer's key cache
-                                 const __half *vc,    // (n_ctx, n_kv, hd)
-                                 float *scores,       // (n_head, n_ctx) scratch
-                                 int n_head, int n_kv, int hd, int n_ctx, int pos) {
-    extern __shared__ float q_sh[]; // (hd)
-    int h = blockIdx.x, kvh = h / (n_head / n_kv);
-    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    float *sc = scores + (size_t)h * n_ctx;
+// Attention for the token at *pos, split along the keys ("flash decoding") so that long contexts
+// spread over many blocks: block (kv head j, split s) takes keys [s*ATT_CHUNK, (s+1)*ATT_CHUNK) ∩ [0, pos]
+// for the g = n_head/n_kv query heads that share kv head j (each K/V row is read once for all of
+// them) and writes, per query head, its partial softmax state: max m, sum l of exp(score - m), and
+// o = sum exp(score - m) V. attention_combine_kernel merges the splits. C twin: attention_c.
+#define ATT_CHUNK 64
+#define ATT_THREADS 128
+__global__ void __launch_bounds__(ATT_THREADS)
+attention_split_kernel(const float *q,    // (n_head, hd) roped
+                       const __half *kc,  // (n_ctx, n_kv, hd)
+                       const __half *vc,  // (n_ctx, n_kv, hd)
+                       float *part_o,     // (n_head, n_split, hd)
+                       float *part_ml,    // (n_head, n_split, 2)
+                       const int *pos_p, int n_head, int n_kv, int hd, int n_split) {
+    extern __shared__ float sm[]; // q: (g, hd), then p: (g, ATT_CHUNK)
+    int j = blockIdx.x, split = blockIdx.y, pos = *pos_p;
+    int t0 = split * ATT_CHUNK;
+    if (t0 > pos) return;
+    int nt = min(ATT_CHUNK, pos + 1 - t0);
+    int g = n_head / n_kv;
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;
+    float *qs = sm, *ps = sm + g * hd;
+    for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) qs[i] = q[(size_t)j * g * hd + i];
+    __syncthreads();
+    // scores: one warp per key, lanes across the head dims, all g query heads at once
     float scale = rsqrtf((float)hd);
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) q_sh[i] = q[(size_t)h * hd + i];
-    __syncthreads();
-    // one warp per key: lanes split the head dims
-    for (int t = wid; t <= pos; t += nw) {
-        const __half *kt = kc + ((size_t)t * n_kv + kvh) * hd;
-        float s = 0.0f;
-        for (int i = lane; i < hd; i += WARP) s += q_sh[i] * __half2float(kt[i]);
-        s = warp_sum(s);
-        if (lane == 0) sc[t] = s * scale;
+    for (int t = wid; t < nt; t += nw) {
+        const __half *kt = kc + ((size_t)(t0 + t) * n_kv + j) * hd;
+        float kv[8]; // hd <= 256: at most 8 dims per lane
+#pragma unroll
+        for (int i = 0; i < 8; i++) kv[i] = lane + WARP * i < hd ? __half2float(kt[lane + WARP * i]) : 0.0f;
+        for (int hh = 0; hh < g; hh++) {
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                if (lane + WARP * i < hd) s += qs[hh * hd + lane + WARP * i] * kv[i];
+            s = warp_sum(s);
+            if (lane == 0) ps[hh * ATT_CHUNK + t] = s * scale;
+        }
     }
     __syncthreads();
-    float mx = -INFINITY;
-    for (int t = threadIdx.x; t <= pos; t += blockDim.x) mx = fmaxf(mx, sc[t]);
-    mx = block_max(mx);
-    float sum = 0.0f;
-    for (int t = threadIdx.x; t <= pos; t += blockDim.x) {
-        float e = __expf(sc[t] - mx);
-        sc[t] = e;
-        sum += e;
+    // softmax state per head: one warp per head
+    for (int hh = wid; hh < g; hh += nw) {
+        float m = -INFINITY;
+        for (int t = lane; t < nt; t += WARP) m = fmaxf(m, ps[hh * ATT_CHUNK + t]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int t = lane; t < nt; t += WARP) {
+            float e = __expf(ps[hh * ATT_CHUNK + t] - m);
+            ps[hh * ATT_CHUNK + t] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            size_t idx = ((size_t)(j * g + hh) * n_split + split) * 2;
+            part_ml[idx] = m;
+            part_ml[idx + 1] = l;
+        }
     }
-    sum = block_sum(sum); // block_sum's barrier also makes every sc[t] visible below
-    float inv = 1.0f / sum;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+    __syncthreads();
+    // o = sum_t p[t] V[t]: threads across dims; the chunk's V rows (<= 32 KB) stay in L1 for the
+    // g heads after the first
+    for (int hh = 0; hh < g; hh++)
+        for (int d = threadIdx.x; d < hd; d += ATT_THREADS) {
+            float o = 0.0f;
+            for (int t = 0; t < nt; t++) o += ps[hh * ATT_CHUNK + t] * __half2float(vc[((size_t)(t0 + t) * n_kv + j) * hd + d]);
+            part_o[((size_t)(j * g + hh) * n_split + split) * hd + d] = o;
+        }
+}
+
+// Merge the splits of each head: m = max m_s, out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m),
+// written in fp32 and quantized. One block per head.
+__global__ void attention_combine_kernel(Act out,             // (n_head, hd)
+                                         const float *part_o, const float *part_ml, const int *pos_p,
+                                         int hd, int n_split) {
+    int h = blockIdx.x, ns = *pos_p / ATT_CHUNK + 1;
+    const float *ml = part_ml + (size_t)h * n_split * 2;
+    float m = -INFINITY;
+    for (int s = 0; s < ns; s++) m = fmaxf(m, ml[2 * s]);
+    float l = 0.0f;
+    for (int s = 0; s < ns; s++) l += ml[2 * s + 1] * __expf(ml[2 * s] - m);
+    float inv = 1.0f / l;
+    for (int d0 = 0; d0 < hd; d0 += blockDim.x) {
+        int d = d0 + threadIdx.x;
         float o = 0.0f;
-        for (int t = 0; t <= pos; t++) o += sc[t] * __half2float(vc[((size_t)t * n_kv + kvh) * hd + i]);
-        out[(size_t)h * hd + i] = o * inv;
+        if (d < hd)
+            for (int s = 0; s < ns; s++) o += part_o[((size_t)h * n_split + s) * hd + d] * __expf(ml[2 * s] - m);
+        o *= inv;
+        if (d < hd) out.f[(size_t)h * hd + d] = o;
+        if (out.q.q && hd % 32 == 0 && d < hd) { // blockDim.x is a multiple of 32: whole warps
+            int nb = gridDim.x * hd / 32;
+            quantize_block_warp(o, out.q, (h * hd + d) / 32, nb);
+        }
     }
 }
 
-// hb = silu(hb) * hb2. C twin: the loop in forward_cpu.
-__global__ void silu_mul_kernel(float *hb /* (n) */, const float *hb2 /* (n) */, int n) {
+// h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy). The generic
+// FFN path's twin of the fused epilogue above. C twin: the loop in forward_cpu.
+__global__ void silu_mul_quant_kernel(Act h, const float *u, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float v = 0.0f;
     if (i < n) {
-        float g = hb[i];
-        hb[i] = g / (1.0f + __expf(-g)) * hb2[i];
+        float gv = h.f[i];
+        v = gv / (1.0f + __expf(-gv)) * u[i];
+        h.f[i] = v;
     }
+    if (h.q.q && n % 32 == 0 && i - threadIdx.x % WARP < n) quantize_block_warp(v, h.q, i / 32, n / 32);
 }
 
-// Host launcher: y = W x (+ bias) (+ y).
-static void matvec(const Tensor *W, const float *x, float *y, const float *bias, int accumulate, cudaStream_t st) {
-    const int rows_per_block = 4;
-    dim3 grid((unsigned)((W->n_out + rows_per_block - 1) / rows_per_block)), block(rows_per_block * WARP);
-    size_t stride = row_bytes(W->type, W->n_in);
+// --- host launchers -------------------------------------------------------------------------------
+
+// Rows per warp for the fast mat-vec: more rows share each activation load, fewer rows keep small
+// matrices spread over all the SMs.
+static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
     const uint8_t *w = (const uint8_t *)W->dev;
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
+    if (W->planes) {
+        if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
+        int n_sub = n_in / 32;
+#define FAST(T, R) matvec_fast_kernel<T, R><<<(n_out + FAST_WARPS * R - 1) / (FAST_WARPS * R), FAST_WARPS * WARP, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
+        switch (W->type) {
+        case GGML_TYPE_Q4_0: FAST(GGML_TYPE_Q4_0, 2); break;
+        case GGML_TYPE_IQ4_XS: FAST(GGML_TYPE_IQ4_XS, 2); break;
+        case GGML_TYPE_Q5_K: FAST(GGML_TYPE_Q5_K, 2); break;
+        case GGML_TYPE_Q6_K: FAST(GGML_TYPE_Q6_K, 2); break;
+        }
+#undef FAST
+        KERNEL_CHECK();
+        return;
+    }
+    const int rows_per_block = 4;
+    dim3 grid((unsigned)((n_out + rows_per_block - 1) / rows_per_block)), block(rows_per_block * WARP);
+    size_t stride = row_bytes(W->type, W->n_in);
+    const float *x = in->f;
     switch (W->type) {
 #define CASE(T) case T: matvec_generic_kernel<T><<<grid, block, 0, st>>>(w, stride, x, bias, y, n_in, n_out, accumulate); break
     CASE(GGML_TYPE_F32); CASE(GGML_TYPE_F16); CASE(GGML_TYPE_BF16); CASE(GGML_TYPE_Q4_0); CASE(GGML_TYPE_Q4_1);
@@ -1510,31 +2002,61 @@ static void matvec(const Tensor *W, const float *x, float *y, const float *bias,
     KERNEL_CHECK();
 }
 
+// h = silu(G x) * (U x) for the FFN, fp32 and quantized. The fused kernel when both weights are
+// in planes of the same fast type, else two mat-vecs and silu_mul_quant_kernel (u: (n_ff) scratch).
+static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h, float *u, cudaStream_t st) {
+    int n_ff = (int)G->n_out, n_sub = (int)G->n_in / 32;
+    if (G->planes && U->planes && G->type == U->type && n_ff % 32 == 0 && in->q.q) {
+        const uint8_t *wg = (const uint8_t *)G->dev, *wu = (const uint8_t *)U->dev;
+#define GU(T) ffn_gate_up_silu_kernel<T><<<n_ff / 32, GATE_UP_WARPS * WARP, 0, st>>>(wg, wu, in->q, *h, n_sub, n_ff)
+        switch (G->type) {
+        case GGML_TYPE_Q4_0: GU(GGML_TYPE_Q4_0); break;
+        case GGML_TYPE_IQ4_XS: GU(GGML_TYPE_IQ4_XS); break;
+        case GGML_TYPE_Q5_K: GU(GGML_TYPE_Q5_K); break;
+        case GGML_TYPE_Q6_K: GU(GGML_TYPE_Q6_K); break;
+        }
+#undef GU
+        KERNEL_CHECK();
+        return;
+    }
+    matvec(G, in, h->f, NULL, 0, st);
+    matvec(U, in, u, NULL, 0, st);
+    silu_mul_quant_kernel<<<(n_ff + 255) / 256, 256, 0, st>>>(*h, u, n_ff);
+    KERNEL_CHECK();
+}
+
 // ------------------------------------------------------------------------------------------------
 // 7. GPU forward: device memory, weight upload, the per-token layer loop
 // ------------------------------------------------------------------------------------------------
 // All device memory is allocated once, before the first token: the weights in one allocation walked
-// by a pointer, the run state in another. Nothing is allocated in the token loop.
+// by a pointer, the run state in another. Nothing is allocated in the token loop. The per-token work
+// (about 9 launches per layer) is captured once as a CUDA graph and replayed for every token; the
+// position lives in device memory so the same graph serves every position.
 
 typedef struct {
-    int n_ctx;
+    int n_ctx, n_split;    // attention splits: ceil(n_ctx / ATT_CHUNK)
     cudaStream_t stream;
     void *weights;         // one allocation holding every uploaded weight
     size_t weight_bytes;
     void *arena;           // one allocation holding everything below
     size_t arena_bytes;
     float *x;              // (n_embd) residual stream
-    float *xb;             // (n_embd) normalized input of the next mat-vec
+    Act xb;                // (n_embd) normalized input of the next mat-vec
     float *q;              // (n_head*head_dim)
     float *k, *v;          // (n_head_kv*head_dim)
-    float *att_out;        // (n_head*head_dim)
-    float *scores;         // (n_head, n_ctx) attention scratch
-    float *hb, *hb2;       // (n_ff)
+    Act att_out;           // (n_head*head_dim)
+    float *part_o;         // (n_head, n_split, head_dim) attention partial outputs
+    float *part_ml;        // (n_head, n_split, 2) their softmax max and sum
+    Act hb;                // (n_ff) FFN hidden: silu(gate) * up
+    float *hb2;            // (n_ff) up, on the generic path
     float *logits;         // (n_vocab)
     __half *key_cache;     // (n_kv_layers, n_ctx, n_head_kv, head_dim)
     __half *value_cache;   // (n_kv_layers, n_ctx, n_head_kv, head_dim)
+    int *pos;              // (1) position of the token being processed
     float *h_x;            // pinned host (n_embd): the embedding row on its way up
+    int *h_pos;            // pinned host (1)
     float *h_logits;       // pinned host (n_vocab): logits on their way down
+    cudaGraphExec_t graph; // the captured forward pass, or NULL before capture
 } GpuState;
 
 // Is there a usable CUDA device? (CI machines have none: GPU paths are then skipped or refused.)
@@ -1576,8 +2098,9 @@ static int gpu_weight_list(Model *m, Tensor **list) {
 }
 
 // Copy every weight the GPU needs into one device allocation, through a pinned staging buffer
-// (two halves, so reading the file overlaps the copy to the card). Host memory stays bounded by the
-// staging buffer: the mapped file is never copied whole.
+// (two halves, so reading the file overlaps the copy to the card). The four fast types are copied
+// into a device staging buffer first and rewritten there into their plane layout (repack_kernel).
+// Host memory stays bounded by the staging buffer: the mapped file is never copied whole.
 static void upload_weights(Model *m, GpuState *s) {
     static Tensor *list[16 + MAX_LAYERS * 16];
     int n = gpu_weight_list(m, list);
@@ -1586,9 +2109,11 @@ static void upload_weights(Model *m, GpuState *s) {
     CUDA_CHECK(cudaMalloc(&s->weights, total));
     s->weight_bytes = total;
 
-    const size_t chunk = 32u << 20;
-    uint8_t *stage;
+    const size_t chunk = 32u << 20; // a multiple of every block size: 18, 136, 176, 210 -> see below
+    uint8_t *stage, *dev_stage[2];
     CUDA_CHECK(cudaMallocHost((void **)&stage, 2 * chunk));
+    CUDA_CHECK(cudaMalloc((void **)&dev_stage[0], 2 * chunk));
+    dev_stage[1] = dev_stage[0] + chunk;
     cudaEvent_t done[2];
     CUDA_CHECK(cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming));
@@ -1602,14 +2127,24 @@ static void upload_weights(Model *m, GpuState *s) {
     for (int i = 0; i < n; i++) {
         Tensor *t = list[i];
         t->dev = (uint8_t *)s->weights + off;
-        // the tied output shares its bytes with token_embd
-        if (t == &m->w.output && m->w.output.host == m->w.token_embd.host) m->w.token_embd.dev = t->dev;
-        for (size_t done_b = 0; done_b < t->nbytes; done_b += chunk) {
-            size_t nb = t->nbytes - done_b < chunk ? t->nbytes - done_b : chunk;
+        int repack = is_fast_type(t->type);
+        size_t tsz = TYPE_TRAITS[t->type].type_size;
+        size_t step = repack ? chunk / tsz * tsz : chunk; // whole file blocks per chunk when repacking
+        size_t NB = (size_t)(t->n_in / 32) * t->n_out;    // 32-weight sub-blocks in the tensor
+        for (size_t done_b = 0; done_b < t->nbytes; done_b += step) {
+            size_t nb = t->nbytes - done_b < step ? t->nbytes - done_b : step;
             CUDA_CHECK(cudaEventSynchronize(done[half])); // this half's previous copy has finished
             memcpy(stage + half * chunk, t->host + done_b, nb);
-            CUDA_CHECK(cudaMemcpyAsync((uint8_t *)t->dev + done_b, stage + half * chunk, nb,
-                                       cudaMemcpyHostToDevice, s->stream));
+            if (repack) {
+                CUDA_CHECK(cudaMemcpyAsync(dev_stage[half], stage + half * chunk, nb, cudaMemcpyHostToDevice, s->stream));
+                size_t nblk = nb / tsz;
+                repack_kernel<<<(unsigned)((nblk + 255) / 256), 256, 0, s->stream>>>(
+                    t->type, (int)tsz, dev_stage[half], (uint8_t *)t->dev, done_b / tsz, nblk, NB);
+                KERNEL_CHECK();
+            } else {
+                CUDA_CHECK(cudaMemcpyAsync((uint8_t *)t->dev + done_b, stage + half * chunk, nb,
+                                           cudaMemcpyHostToDevice, s->stream));
+            }
             CUDA_CHECK(cudaEventRecord(done[half], s->stream));
             half ^= 1;
             copied += nb;
@@ -1620,7 +2155,10 @@ static void upload_weights(Model *m, GpuState *s) {
                         copied / 1e9 / (now - t0 + 1e-9));
             }
         }
+        t->planes = repack;
         off += ALIGN256(t->nbytes);
+        // the tied output shares its bytes with token_embd
+        if (t == &m->w.output && m->w.output.host == m->w.token_embd.host) m->w.token_embd.dev = t->dev;
     }
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
     double dt = now_sec() - t0;
@@ -1630,93 +2168,158 @@ static void upload_weights(Model *m, GpuState *s) {
     cudaEventDestroy(done[0]);
     cudaEventDestroy(done[1]);
     CUDA_CHECK(cudaFreeHost(stage));
+    CUDA_CHECK(cudaFree(dev_stage[0]));
+}
+
+// Carve an Act of n values (plus its 16-bit copy when n is a multiple of 32) out of the arena.
+static size_t act_bytes(int n) { return ALIGN256(n * 4u) + (n % 32 ? 0 : ALIGN256(n / 32 * 64u) + 2 * ALIGN256(n / 32 * 4u)); }
+static Act act_carve(uint8_t **p, int n) {
+    Act a;
+    memset(&a, 0, sizeof a);
+    a.f = (float *)*p;
+    *p += ALIGN256(n * 4u);
+    if (n % 32 == 0) {
+        a.q.q = (int4 *)*p;
+        *p += ALIGN256(n / 32 * 64u);
+        a.q.s = (float *)*p;
+        *p += ALIGN256(n / 32 * 4u);
+        a.q.sum = (int *)*p;
+        *p += ALIGN256(n / 32 * 4u);
+    }
+    return a;
 }
 
 static void gpu_state_init(GpuState *s, const Config *c, int n_ctx) {
     memset(s, 0, sizeof *s);
     s->n_ctx = n_ctx;
+    s->n_split = (n_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
+    if (c->n_head / c->n_head_kv * (c->head_dim + ATT_CHUNK) * 4 > 48 * 1024)
+        die("attention: %d query heads per kv head of dim %d need more shared memory than one block has",
+            c->n_head / c->n_head_kv, c->head_dim);
     size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
     size_t cache = (size_t)c->n_kv_layers * n_ctx * kvdim; // elements per cache
-    // carve the arena: each buffer 256-byte aligned
-    size_t sizes[] = {c->n_embd * 4u, c->n_embd * 4u, qdim * 4, kvdim * 4, kvdim * 4, qdim * 4,
-                      (size_t)c->n_head * n_ctx * 4, c->n_ff * 4u, c->n_ff * 4u, c->n_vocab * 4u,
-                      cache * 2, cache * 2};
-    void **ptrs[] = {(void **)&s->x, (void **)&s->xb, (void **)&s->q, (void **)&s->k, (void **)&s->v,
-                     (void **)&s->att_out, (void **)&s->scores, (void **)&s->hb, (void **)&s->hb2,
-                     (void **)&s->logits, (void **)&s->key_cache, (void **)&s->value_cache};
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += ALIGN256(sizes[i]);
+    size_t total = ALIGN256(c->n_embd * 4u) + act_bytes(c->n_embd) + ALIGN256(qdim * 4) + 2 * ALIGN256(kvdim * 4) +
+                   act_bytes((int)qdim) + ALIGN256(qdim * s->n_split * 4) + ALIGN256((size_t)c->n_head * s->n_split * 8) +
+                   act_bytes(c->n_ff) + ALIGN256(c->n_ff * 4u) + ALIGN256(c->n_vocab * 4u) + 2 * ALIGN256(cache * 2) + 256;
     CUDA_CHECK(cudaMalloc(&s->arena, total));
     CUDA_CHECK(cudaMemset(s->arena, 0, total));
     s->arena_bytes = total;
-    size_t off = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        *ptrs[i] = (uint8_t *)s->arena + off;
-        off += ALIGN256(sizes[i]);
-    }
+    uint8_t *p = (uint8_t *)s->arena;
+#define CARVE(ptr, type, bytes) (ptr = (type)p, p += ALIGN256(bytes))
+    CARVE(s->x, float *, c->n_embd * 4u);
+    s->xb = act_carve(&p, c->n_embd);
+    CARVE(s->q, float *, qdim * 4);
+    CARVE(s->k, float *, kvdim * 4);
+    CARVE(s->v, float *, kvdim * 4);
+    s->att_out = act_carve(&p, (int)qdim);
+    CARVE(s->part_o, float *, qdim * s->n_split * 4);
+    CARVE(s->part_ml, float *, (size_t)c->n_head * s->n_split * 8);
+    s->hb = act_carve(&p, c->n_ff);
+    CARVE(s->hb2, float *, c->n_ff * 4u);
+    CARVE(s->logits, float *, c->n_vocab * 4u);
+    CARVE(s->key_cache, __half *, cache * 2);
+    CARVE(s->value_cache, __half *, cache * 2);
+    CARVE(s->pos, int *, 4);
+#undef CARVE
+    if ((size_t)(p - (uint8_t *)s->arena) > total) die("internal: run-state arena overflow");
     CUDA_CHECK(cudaMallocHost((void **)&s->h_x, c->n_embd * 4u));
+    CUDA_CHECK(cudaMallocHost((void **)&s->h_pos, 4));
     CUDA_CHECK(cudaMallocHost((void **)&s->h_logits, c->n_vocab * 4u));
-    CUDA_CHECK(cudaStreamCreate(&s->stream));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
 }
 
 static void gpu_state_free(GpuState *s) {
+    if (s->graph) cudaGraphExecDestroy(s->graph);
     cudaFree(s->weights);
     cudaFree(s->arena);
     cudaFreeHost(s->h_x);
+    cudaFreeHost(s->h_pos);
     cudaFreeHost(s->h_logits);
     cudaStreamDestroy(s->stream);
 }
 
 #define DEV(t) ((const float *)(t).dev) // an uploaded f32 vector (norm weight or bias), or NULL
 
-// One token through the model on the GPU; leaves the logits in s->h_logits. Twin of forward_cpu.
-static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
+// --- optional per-kernel timing (qwen --bench): CUDA events around each launch of one forward pass
+typedef struct {
+    const char *name;
+    double bytes;
+    cudaEvent_t start, stop;
+} ProfMark;
+static ProfMark *g_prof = NULL; // non-NULL while a pass is being profiled
+static int g_prof_n = 0, g_prof_cap = 0;
+static void prof_begin(cudaStream_t st, const char *name, double bytes) {
+    if (!g_prof || g_prof_n >= g_prof_cap) return;
+    ProfMark *p = &g_prof[g_prof_n];
+    p->name = name;
+    p->bytes = bytes;
+    CUDA_CHECK(cudaEventRecord(p->start, st));
+}
+static void prof_end(cudaStream_t st) {
+    if (!g_prof || g_prof_n >= g_prof_cap) return;
+    CUDA_CHECK(cudaEventRecord(g_prof[g_prof_n++].stop, st));
+}
+#define PROF(name, bytes, launch) do { prof_begin(st, name, bytes); launch; prof_end(st); } while (0)
+
+// The device work for one token, enqueued on the stream (captured into the graph, or run directly
+// when profiling). Inputs: s->x holds the embedding row, *s->pos the position. Output: s->logits.
+static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     const Config *c = &m->c;
     const Weights *w = &m->w;
     cudaStream_t st = s->stream;
-    int E = c->n_embd, hd = c->head_dim;
+    int E = c->n_embd, hd = c->head_dim, g = c->n_head / c->n_head_kv;
     size_t kvdim = (size_t)c->n_head_kv * hd;
-
-    embed_token(m, token, s->h_x);
-    CUDA_CHECK(cudaMemcpyAsync(s->x, s->h_x, E * 4u, cudaMemcpyHostToDevice, st));
 
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
-        rmsnorm_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(L->attn_norm), E, c->eps);
-        KERNEL_CHECK();
-        matvec(&L->wq, s->xb, s->q, DEV(L->bq), 0, st);
-        matvec(&L->wk, s->xb, s->k, DEV(L->bk), 0, st);
-        matvec(&L->wv, s->xb, s->v, DEV(L->bv), 0, st);
-        if (L->q_norm.name) {
-            head_rmsnorm_kernel<<<c->n_head, 128, 0, st>>>(s->q, DEV(L->q_norm), hd, c->eps);
-            KERNEL_CHECK();
-            head_rmsnorm_kernel<<<c->n_head_kv, 128, 0, st>>>(s->k, DEV(L->k_norm), hd, c->eps);
-            KERNEL_CHECK();
-        }
+        // attention block: x = x + Wo attn(rope(norm(x) Wq), rope(norm(x) Wk), norm(x) Wv)
+        PROF("rmsnorm", 8.0 * E, (rmsnorm_quant_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(L->attn_norm), E, c->eps), KERNEL_CHECK()));
+        PROF("attn_q", L->wq.nbytes, matvec(&L->wq, &s->xb, s->q, DEV(L->bq), 0, st));
+        PROF("attn_k", L->wk.nbytes, matvec(&L->wk, &s->xb, s->k, DEV(L->bk), 0, st));
+        PROF("attn_v", L->wv.nbytes, matvec(&L->wv, &s->xb, s->v, DEV(L->bv), 0, st));
         size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
         __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
-        rope_and_kv_store_kernel<<<c->n_head + c->n_head_kv, 128, 0, st>>>(
-            s->q, s->k, s->v, kc + pos * kvdim, vc + pos * kvdim, c->n_head, hd, c->n_rot, pos, c->rope_base,
-            c->rope_freq_scale);
-        KERNEL_CHECK();
-        attention_kernel<<<c->n_head, 256, hd * sizeof(float), st>>>(s->att_out, s->q, kc, vc, s->scores,
-                                                                     c->n_head, c->n_head_kv, hd, s->n_ctx, pos);
-        KERNEL_CHECK();
-        matvec(&L->wo, s->att_out, s->x, NULL, 1, st);
+        PROF("rope_kv_store", 0, (rope_and_kv_store_kernel<<<c->n_head + c->n_head_kv, 128, hd * 4, st>>>(
+                 s->q, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), kc, vc, s->pos, c->n_head, c->n_head_kv, hd,
+                 c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
+        PROF("attention", 0, (attention_split_kernel<<<dim3(c->n_head_kv, s->n_split), ATT_THREADS,
+                                 g * (hd + ATT_CHUNK) * 4, st>>>(s->q, kc, vc, s->part_o, s->part_ml, s->pos,
+                                                                 c->n_head, c->n_head_kv, hd, s->n_split), KERNEL_CHECK()));
+        PROF("attn_combine", 0, (attention_combine_kernel<<<c->n_head, 128, 0, st>>>(s->att_out, s->part_o, s->part_ml,
+                                                                                   s->pos, hd, s->n_split), KERNEL_CHECK()));
+        PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
 
-        rmsnorm_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(L->ffn_norm), E, c->eps);
-        KERNEL_CHECK();
-        matvec(&L->w_gate, s->xb, s->hb, NULL, 0, st);
-        matvec(&L->w_up, s->xb, s->hb2, NULL, 0, st);
-        silu_mul_kernel<<<(c->n_ff + 255) / 256, 256, 0, st>>>(s->hb, s->hb2, c->n_ff);
-        KERNEL_CHECK();
-        matvec(&L->w_down, s->hb, s->x, NULL, 1, st);
+        // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
+        PROF("rmsnorm", 8.0 * E, (rmsnorm_quant_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(L->ffn_norm), E, c->eps), KERNEL_CHECK()));
+        PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes, ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, st));
+        PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
     }
-    rmsnorm_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(w->output_norm), E, c->eps);
-    KERNEL_CHECK();
-    matvec(&w->output, s->xb, s->logits, DEV(w->output_bias), 0, st);
-    CUDA_CHECK(cudaMemcpyAsync(s->h_logits, s->logits, c->n_vocab * 4u, cudaMemcpyDeviceToHost, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
+    PROF("rmsnorm", 8.0 * E, (rmsnorm_quant_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(w->output_norm), E, c->eps), KERNEL_CHECK()));
+    PROF("output", w->output.nbytes, matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st));
+}
+
+// Capture the forward pass as a graph, with its input and output copies, once.
+static void gpu_capture(const Model *m, GpuState *s) {
+    cudaStream_t st = s->stream;
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    CUDA_CHECK(cudaMemcpyAsync(s->x, s->h_x, m->c.n_embd * 4u, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(s->pos, s->h_pos, 4, cudaMemcpyHostToDevice, st));
+    forward_gpu_enqueue(m, s);
+    CUDA_CHECK(cudaMemcpyAsync(s->h_logits, s->logits, m->c.n_vocab * 4u, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    CUDA_CHECK(cudaGraphInstantiateWithFlags(&s->graph, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+// One token through the model on the GPU; leaves the logits in s->h_logits. Twin of forward_cpu.
+static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
+    if (pos >= s->n_ctx) die("position %d is past the context of %d tokens", pos, s->n_ctx);
+    embed_token(m, token, s->h_x);
+    *s->h_pos = pos;
+    if (!s->graph) gpu_capture(m, s);
+    CUDA_CHECK(cudaGraphLaunch(s->graph, s->stream));
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1908,6 +2511,126 @@ static int parse_ids(const char *s, int **out) {
     return n;
 }
 
+
+// --- qwen --bench: decode speed against the card's own copy bandwidth ---------------------------
+
+__global__ void fill_random_half_kernel(__half *p, size_t n, uint32_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
+        h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+        p[i] = __float2half(((h & 0xffff) / 32768.0f - 1.0f)); // uniform in [-1, 1): attention on real numbers
+    }
+}
+
+static int cmp_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x > y) - (x < y); }
+
+// Device-to-device copy of 1 GiB, counted as bytes read + bytes written, median of 10.
+static double measure_copy_bandwidth(void) {
+    size_t n = 1ull << 30;
+    void *a, *b;
+    CUDA_CHECK(cudaMalloc(&a, n));
+    CUDA_CHECK(cudaMalloc(&b, n));
+    CUDA_CHECK(cudaMemset(a, 1, n));
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    float ms[10];
+    CUDA_CHECK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+    for (int i = 0; i < 10; i++) {
+        CUDA_CHECK(cudaEventRecord(e0));
+        CUDA_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
+        CUDA_CHECK(cudaEventRecord(e1));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
+    }
+    qsort(ms, 10, sizeof ms[0], cmp_float);
+    cudaFree(a);
+    cudaFree(b);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 2.0 * n / (ms[5] * 1e-3);
+}
+
+static void run_bench(Model *m, int n_ctx) {
+    const int ctxs[2] = {128, 2048};
+    if (n_ctx < 2048 + 1) n_ctx = 2048 + 1;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    double copy_bw = measure_copy_bandwidth();
+    printf("GPU: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+           prop.totalGlobalMem / 1073741824.0);
+    printf("measured copy bandwidth (device-to-device, 1 GiB, read + write): %.0f GB/s\n", copy_bw / 1e9);
+
+    GpuState s;
+    gpu_state_init(&s, &m->c, n_ctx);
+    upload_weights(m, &s);
+    size_t cache = (size_t)m->c.n_kv_layers * n_ctx * m->c.n_head_kv * m->c.head_dim;
+    fill_random_half_kernel<<<1024, 256, 0, s.stream>>>(s.key_cache, cache, 1);
+    fill_random_half_kernel<<<1024, 256, 0, s.stream>>>(s.value_cache, cache, 2);
+    KERNEL_CHECK();
+    embed_token(m, 0, s.h_x);
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    printf("weights read per token: %.3f GB (%s, %d layers)\n\n", s.weight_bytes / 1e9, m->c.arch_name, m->c.n_layer);
+    printf("  context  bytes/token   ms/token    tok/s     GB/s   %% of copy bandwidth\n");
+    const int reps = 50;
+    for (int ci = 0; ci < 2; ci++) {
+        *s.h_pos = ctxs[ci];
+        if (!s.graph) gpu_capture(m, &s);
+        for (int i = 0; i < 5; i++) CUDA_CHECK(cudaGraphLaunch(s.graph, s.stream));
+        CUDA_CHECK(cudaEventRecord(e0, s.stream));
+        for (int i = 0; i < reps; i++) CUDA_CHECK(cudaGraphLaunch(s.graph, s.stream));
+        CUDA_CHECK(cudaEventRecord(e1, s.stream));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= reps;
+        double bytes = (double)s.weight_bytes + 2.0 * m->c.n_kv_layers * (ctxs[ci] + 1) * m->c.n_head_kv * m->c.head_dim * 2;
+        double bw = bytes / (ms * 1e-3);
+        printf("  %7d  %8.3f GB  %9.3f  %7.1f  %7.0f   %5.1f %%\n", ctxs[ci], bytes / 1e9, ms, 1e3 / ms, bw / 1e9,
+               100.0 * bw / copy_bw);
+    }
+
+    // per kernel: one forward pass at the last context, launched directly with events around each launch
+    g_prof_cap = 64 + 16 * m->c.n_layer;
+    g_prof = (ProfMark *)xcalloc(g_prof_cap, sizeof(ProfMark));
+    for (int i = 0; i < g_prof_cap; i++) {
+        CUDA_CHECK(cudaEventCreate(&g_prof[i].start));
+        CUDA_CHECK(cudaEventCreate(&g_prof[i].stop));
+    }
+    g_prof_n = 0;
+    CUDA_CHECK(cudaMemcpyAsync(s.x, s.h_x, m->c.n_embd * 4u, cudaMemcpyHostToDevice, s.stream));
+    CUDA_CHECK(cudaMemcpyAsync(s.pos, s.h_pos, 4, cudaMemcpyHostToDevice, s.stream));
+    forward_gpu_enqueue(m, &s);
+    CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    typedef struct { const char *name; int calls; double bytes, ms; } Row;
+    Row rows[32];
+    int nr = 0;
+    double total_ms = 0;
+    for (int i = 0; i < g_prof_n; i++) {
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, g_prof[i].start, g_prof[i].stop));
+        total_ms += ms;
+        int r = 0;
+        while (r < nr && strcmp(rows[r].name, g_prof[i].name)) r++;
+        if (r == nr) { if (nr == 32) continue; rows[nr++] = (Row){g_prof[i].name, 0, 0, 0}; }
+        rows[r].calls++;
+        rows[r].bytes += g_prof[i].bytes;
+        rows[r].ms += ms;
+    }
+    printf("\nper kernel, one forward pass at context %d (CUDA events around each launch, no graph):\n", ctxs[1]);
+    printf("  %-16s %6s %12s %10s %9s %7s\n", "kernel", "calls", "bytes", "us", "GB/s", "share");
+    for (int r = 0; r < nr; r++)
+        printf("  %-16s %6d %12.0f %10.1f %9.0f %6.1f%%\n", rows[r].name, rows[r].calls, rows[r].bytes, rows[r].ms * 1e3,
+               rows[r].bytes > 0 ? rows[r].bytes / (rows[r].ms * 1e-3) / 1e9 : 0.0, 100.0 * rows[r].ms / total_ms);
+    printf("  %-16s %6d %12s %10.1f\n", "sum", g_prof_n, "", total_ms * 1e3);
+    for (int i = 0; i < g_prof_cap; i++) { cudaEventDestroy(g_prof[i].start); cudaEventDestroy(g_prof[i].stop); }
+    free(g_prof);
+    g_prof = NULL;
+    gpu_state_free(&s);
+}
+
 #ifndef TESTING
 
 static void usage(void) {
@@ -1927,12 +2650,13 @@ static void usage(void) {
             "  --dump-logits F   write the logits of every prompt position to F: raw little-endian\n"
             "                    float32, [n_prompt_tokens][n_vocab], no header\n"
             "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
+            "  --bench           measure decode speed at context 128 and 2048 against the GPU's copy bandwidth\n"
             "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on the GPU)\n");
 }
 
 int main(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *dump_path = NULL;
-    int n_predict = 256, n_ctx = 4096, n_batch = 512, use_cpu = 0, compat_note = 0;
+    int n_predict = 256, n_ctx = 4096, n_batch = 512, use_cpu = 0, compat_note = 0, bench = 0;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
     int top_k = 40;
     long long seed = -1;
@@ -1953,6 +2677,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) seed = atoll(NEXT());
         else if (!strcmp(a, "--dump-logits")) dump_path = NEXT();
         else if (!strcmp(a, "--cpu")) use_cpu = 1;
+        else if (!strcmp(a, "--bench")) bench = 1;
         else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-t") || !strcmp(a, "--threads")) {
             (void)NEXT();
             compat_note = 1;
@@ -1978,6 +2703,13 @@ int main(int argc, char **argv) {
     }
     fprintf(stderr, "model: %s, %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d\n", c->arch_name, c->n_layer,
             c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff, c->n_vocab);
+
+    if (bench) {
+        if (!gpu_available()) die("--bench needs a CUDA GPU");
+        run_bench(&m, n_ctx);
+        gguf_close(&m.gguf);
+        return 0;
+    }
 
     Tokenizer tok;
     tokenizer_init(&tok, &m.gguf, c->n_vocab);
