@@ -1702,25 +1702,26 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
     return b;
 }
 
-#define FAST_WARPS 4 // warps per block of the fast mat-vec
-// y[r] = W[r,:] . x (+ bias[r]) (+ y[r]) for the fast types. Each warp owns R consecutive rows and
-// its lanes walk the rows' sub-blocks in step, so every activation block loaded serves R rows.
+// y[r] = W[r,:] . x (+ bias[r]) (+ y[r]) for the fast types. A block owns R consecutive rows and
+// all its threads walk the rows' sub-blocks together (thread t takes sub-blocks t, t + T, ...), so
+// every activation block a thread loads serves R rows, and even a short row keeps a whole block of
+// loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
 // C twin: matvec_xq_c.
+#define FAST_ROWS 4        // rows per block
+#define FAST_MAX_THREADS 256
 template <int TYPE, int R>
-__global__ void __launch_bounds__(FAST_WARPS * WARP)
-matvec_fast_kernel(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
-                   XQ xq,              // (n_sub) blocks of the input
-                   const float *bias,  // (n_out) or NULL
-                   float *y,           // (n_out)
-                   int n_sub, int n_out, int accumulate) {
-    int lane = threadIdx.x % WARP;
-    int row0 = (blockIdx.x * FAST_WARPS + threadIdx.x / WARP) * R;
-    if (row0 >= n_out) return;
+__device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
+                                          const XQ &xq,       // (n_sub) blocks of the input
+                                          const float *bias,  // (n_out) or NULL
+                                          float *y,           // (n_out)
+                                          int n_sub, int n_out, int row0, int accumulate) {
+    __shared__ float part[FAST_MAX_THREADS / WARP][R];
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
     size_t NB = (size_t)n_out * n_sub;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (int u = lane; u < n_sub; u += WARP) {
+    for (int u = threadIdx.x; u < n_sub; u += blockDim.x) {
         XBlock xb = load_xblock(xq, u, n_sub);
 #pragma unroll
         for (int r = 0; r < R; r++)
@@ -1729,11 +1730,53 @@ matvec_fast_kernel(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float v = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < n_out) {
-            if (bias) v += bias[row0 + r];
-            y[row0 + r] = accumulate ? y[row0 + r] + v : v;
-        }
+        if (lane == 0) part[wid][r] = v;
     }
+    __syncthreads();
+    if (threadIdx.x < R && row0 + (int)threadIdx.x < n_out) {
+        int r = threadIdx.x;
+        float v = 0.0f;
+        for (int w = 0; w < nw; w++) v += part[w][r];
+        if (bias) v += bias[row0 + r];
+        y[row0 + r] = accumulate ? y[row0 + r] + v : v;
+    }
+}
+
+template <int TYPE, int R>
+__global__ void __launch_bounds__(FAST_MAX_THREADS)
+matvec_fast_kernel(const uint8_t *W, XQ xq, const float *bias, float *y, int n_sub, int n_out, int accumulate) {
+    fast_rows<TYPE, R>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
+}
+
+// Up to three mat-vecs on the same input in one launch (q, k and v): each block finds its matrix
+// by its index; the matrices may have different fast types.
+typedef struct {
+    const uint8_t *w[3];
+    const float *bias[3];  // or NULL
+    float *y[3];
+    int type[3], n_out[3];
+    int first_block[4];    // blocks before matrix i; first_block[n] = all blocks
+    int n;
+} MatVecBatch;
+
+__global__ void __launch_bounds__(FAST_MAX_THREADS) matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
+    int m = 0;
+    while (m + 1 < b.n && (int)blockIdx.x >= b.first_block[m + 1]) m++;
+    int row0 = ((int)blockIdx.x - b.first_block[m]) * FAST_ROWS;
+    switch (b.type[m]) {
+    case GGML_TYPE_Q4_0: fast_rows<GGML_TYPE_Q4_0, FAST_ROWS>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0); break;
+    case GGML_TYPE_IQ4_XS: fast_rows<GGML_TYPE_IQ4_XS, FAST_ROWS>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0); break;
+    case GGML_TYPE_Q5_K: fast_rows<GGML_TYPE_Q5_K, FAST_ROWS>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0); break;
+    case GGML_TYPE_Q6_K: fast_rows<GGML_TYPE_Q6_K, FAST_ROWS>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0); break;
+    }
+}
+
+// Threads per block for rows of n_sub sub-blocks: as few passes as 256 threads allow, the passes
+// evenly filled, whole warps.
+static int fast_threads(int n_sub) {
+    int passes = (n_sub + FAST_MAX_THREADS - 1) / FAST_MAX_THREADS;
+    int t = (n_sub + passes - 1) / passes;
+    return (t + WARP - 1) / WARP * WARP;
 }
 
 // C twin of the fast mat-vecs: the dequantized weights (file layout) against the dequantized
@@ -1750,63 +1793,89 @@ static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int
     }
 }
 
-// FFN gate and up in one pass, fast types: each block owns 32 consecutive rows of both matrices
-// (FAST_WARPS warps x 8 rows), and finishes with h = silu(gate) * up written in fp32 and as one
-// quantized block, ready for the down projection. C twin: matvec_xq_c twice, silu_c, quantize_block_c.
-#define GATE_UP_WARPS 8
+// FFN gate and up in one pass, fast types: a block owns FAST_ROWS rows of both matrices (the K
+// split of matvec_fast_kernel) and writes h = silu(gate) * up in fp32. The 16-bit copy of h needs 32
+// consecutive rows: the last of the 32/FAST_ROWS blocks of a group to finish (a per-group counter,
+// reset by that block for the next token) quantizes the group.
+// C twin: matvec_xq_c twice, silu_c, quantize_block_c.
 template <int TYPE>
-__global__ void __launch_bounds__(GATE_UP_WARPS * WARP)
+__global__ void __launch_bounds__(FAST_MAX_THREADS)
 ffn_gate_up_silu_kernel(const uint8_t *Wg, const uint8_t *Wu, // planes, (n_ff rows, n_sub sub-blocks)
                         XQ xq,                                // (n_sub) input blocks
                         Act h,                                // out: (n_ff) silu(gate) * up
+                        int *group_done,                      // (n_ff/32) counters, zero between tokens
                         int n_sub, int n_ff) {
-    __shared__ float hs[32];
-    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
-    int row0 = blockIdx.x * 32 + wid * 4; // 4 rows of gate and the same 4 of up per warp
+    const int R = FAST_ROWS;
+    __shared__ float part[FAST_MAX_THREADS / WARP][2 * R];
+    __shared__ int last;
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    int row0 = blockIdx.x * R;
     size_t NB = (size_t)n_ff * n_sub;
-    float ag[4] = {0, 0, 0, 0}, au[4] = {0, 0, 0, 0};
-    for (int u = lane; u < n_sub; u += WARP) {
+    float ag[R], au[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) ag[r] = au[r] = 0.0f;
+    for (int u = threadIdx.x; u < n_sub; u += blockDim.x) {
         XBlock xb = load_xblock(xq, u, n_sub);
 #pragma unroll
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < R; r++) {
             size_t g = (size_t)(row0 + r) * n_sub + u;
             ag[r] += sub_dot<TYPE>(Wg, g, NB, xb);
             au[r] += sub_dot<TYPE>(Wu, g, NB, xb);
         }
     }
 #pragma unroll
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < R; r++) {
         float gv = warp_sum(ag[r]), uv = warp_sum(au[r]);
-        if (lane == 0) hs[wid * 4 + r] = gv / (1.0f + __expf(-gv)) * uv;
+        if (lane == 0) { part[wid][r] = gv; part[wid][R + r] = uv; }
     }
     __syncthreads();
-    if (wid == 0) {
-        float v = hs[lane];
-        h.f[blockIdx.x * 32 + lane] = v;
-        quantize_block_warp(v, h.q, blockIdx.x, n_ff / 32);
+    if (threadIdx.x < R) {
+        int r = threadIdx.x;
+        float gv = 0.0f, uv = 0.0f;
+        for (int w = 0; w < nw; w++) { gv += part[w][r]; uv += part[w][R + r]; }
+        h.f[row0 + r] = gv / (1.0f + __expf(-gv)) * uv;
+        __threadfence(); // h visible to the block that quantizes the group
+    }
+    __syncthreads();
+    int group = row0 / 32;
+    if (threadIdx.x == 0) last = atomicAdd(&group_done[group], 1) == 32 / R - 1;
+    __syncthreads();
+    if (last && wid == 0) {
+        __threadfence();
+        float v = __ldcg(&h.f[group * 32 + lane]); // from L2: other blocks wrote it
+        quantize_block_warp(v, h.q, group, n_ff / 32);
+        if (lane == 0) group_done[group] = 0;
     }
 }
 
 // --- norms, RoPE + KV cache, attention, SwiGLU ---------------------------------------------------
 
 // out = x / sqrt(mean(x^2) + eps) * w in fp32, and (n a multiple of 32) its quantized copy.
-// One block. C twin: rmsnorm_c, then quantize_block_c.
-__global__ void rmsnorm_quant_kernel(Act out, const float *x, const float *w /* (n) */, int n, float eps) {
+// Every block sums the squares of all of x (20 KB from L2, cheaper than a second launch) and then
+// handles its own 32-value blocks, one per warp. C twin: rmsnorm_c, then quantize_block_c.
+#define NORM_THREADS 256
+__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out, const float *x, const float *w /* (n) */, int n, float eps) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
     ss = block_sum(ss);
     float scale = rsqrtf(ss / n + eps);
+    int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     if (out.q.q && n % 32 == 0) {
-        int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-        for (int b = threadIdx.x / WARP; b < n / 32; b += nw) {
+        int b = blockIdx.x * nw + threadIdx.x / WARP;
+        if (b < n / 32) {
             int i = 32 * b + lane;
             float v = x[i] * scale * w[i];
             out.f[i] = v;
             quantize_block_warp(v, out.q, b, n / 32);
         }
     } else {
-        for (int i = threadIdx.x; i < n; i += blockDim.x) out.f[i] = x[i] * scale * w[i];
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out.f[i] = x[i] * scale * w[i];
     }
+}
+static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float eps, cudaStream_t st) {
+    int blocks = (n / 32 + NORM_THREADS / WARP - 1) / (NORM_THREADS / WARP);
+    rmsnorm_quant_kernel<<<blocks > 0 ? blocks : 1, NORM_THREADS, 0, st>>>(*out, x, w, n, eps);
+    KERNEL_CHECK();
 }
 
 // Per head: optional RMSNorm (qwen3's q/k norm), NEOX RoPE on the first n_rot dims, then k and v
@@ -1858,55 +1927,72 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) in
 }
 
 // Attention for the token at *pos, split along the keys ("flash decoding") so that long contexts
-// spread over many blocks: block (kv head j, split s) takes keys [s*ATT_CHUNK, (s+1)*ATT_CHUNK) ∩ [0, pos]
-// for the g = n_head/n_kv query heads that share kv head j (each K/V row is read once for all of
-// them) and writes, per query head, its partial softmax state: max m, sum l of exp(score - m), and
-// o = sum exp(score - m) V. attention_combine_kernel merges the splits. C twin: attention_c.
-#define ATT_CHUNK 64
-#define ATT_THREADS 128
+// spread over many blocks: block (kv head j, split s) takes keys [s*chunk, (s+1)*chunk) ∩ [0, pos]
+// for the g = n_head/n_kv query heads that share kv head j, so each K/V row is read once for all of
+// them. The chunk's K and V rows are first copied to shared memory with 16-byte loads (all in
+// flight at once), then scores, softmax and the weighted sum of V run from there. Output per query
+// head: its partial softmax state, max m, sum l of exp(score - m), o = sum exp(score - m) V;
+// attention_combine_kernel merges the splits. C twin: attention_c.
+#define ATT_THREADS 256
+// keys per split: 64 for head_dim <= 128, fewer for wider heads (shared memory)
+static int att_chunk(int hd) { return hd <= 128 ? 64 : 8192 / hd; }
+static size_t att_smem(int g, int hd, int chunk) {
+    return ((size_t)chunk * (hd + 2) + 7) / 8 * 16 + (size_t)chunk * hd * 2 + (size_t)g * hd * 4 + (size_t)g * chunk * 4;
+}
 __global__ void __launch_bounds__(ATT_THREADS)
 attention_split_kernel(const float *q,    // (n_head, hd) roped
                        const __half *kc,  // (n_ctx, n_kv, hd)
                        const __half *vc,  // (n_ctx, n_kv, hd)
                        float *part_o,     // (n_head, n_split, hd)
                        float *part_ml,    // (n_head, n_split, 2)
-                       const int *pos_p, int n_head, int n_kv, int hd, int n_split) {
-    extern __shared__ float sm[]; // q: (g, hd), then p: (g, ATT_CHUNK)
+                       int *kv_done,      // (n_kv) counters, zero between tokens
+                       Act out,           // (n_head, hd) the merged output
+                       const int *pos_p, int n_head, int n_kv, int hd, int n_split, int chunk) {
+    extern __shared__ uint4 smem[];
     int j = blockIdx.x, split = blockIdx.y, pos = *pos_p;
-    int t0 = split * ATT_CHUNK;
+    int t0 = split * chunk;
     if (t0 > pos) return;
-    int nt = min(ATT_CHUNK, pos + 1 - t0);
+    int nt = min(chunk, pos + 1 - t0);
     int g = n_head / n_kv;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;
-    float *qs = sm, *ps = sm + g * hd;
+    int ks = hd + 2; // K row stride in halves: +4 bytes puts consecutive rows on consecutive banks
+    __half *K = (__half *)smem, *Vs = K + ((size_t)chunk * ks + 7) / 8 * 8; // V 16-byte aligned
+    float *qs = (float *)(Vs + (size_t)chunk * hd), *ps = qs + g * hd;
+    // stage: q of the g heads, then the chunk's K and V rows (hd/8 uint4 per row)
     for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) qs[i] = q[(size_t)j * g * hd + i];
+    int v8 = hd / 8;
+    for (int i = threadIdx.x; i < nt * v8; i += ATT_THREADS) {
+        int t = i / v8, c = i % v8;
+        size_t src = ((size_t)(t0 + t) * n_kv + j) * hd + 8 * c;
+        uint4 kv = *(const uint4 *)(kc + src);
+        uint32_t *kd = (uint32_t *)(K + (size_t)t * ks + 8 * c); // 4-byte aligned only
+        kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
+        *(uint4 *)(Vs + (size_t)t * hd + 8 * c) = *(const uint4 *)(vc + src);
+    }
     __syncthreads();
-    // scores: one warp per key, lanes across the head dims, all g query heads at once
+    // scores: one thread per (head, key) pair, a full dot product over the head dims
     float scale = rsqrtf((float)hd);
-    for (int t = wid; t < nt; t += nw) {
-        const __half *kt = kc + ((size_t)(t0 + t) * n_kv + j) * hd;
-        float kv[8]; // hd <= 256: at most 8 dims per lane
-#pragma unroll
-        for (int i = 0; i < 8; i++) kv[i] = lane + WARP * i < hd ? __half2float(kt[lane + WARP * i]) : 0.0f;
-        for (int hh = 0; hh < g; hh++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (lane + WARP * i < hd) s += qs[hh * hd + lane + WARP * i] * kv[i];
-            s = warp_sum(s);
-            if (lane == 0) ps[hh * ATT_CHUNK + t] = s * scale;
+    for (int i = threadIdx.x; i < g * nt; i += ATT_THREADS) {
+        int hh = i / nt, t = i % nt;
+        const __half2 *kr = (const __half2 *)(K + (size_t)t * ks);
+        const float *qh = qs + hh * hd;
+        float sc = 0.0f;
+        for (int d = 0; d < hd / 2; d++) {
+            float2 kv = __half22float2(kr[d]);
+            sc += qh[2 * d] * kv.x + qh[2 * d + 1] * kv.y;
         }
+        ps[hh * chunk + t] = sc * scale;
     }
     __syncthreads();
     // softmax state per head: one warp per head
     for (int hh = wid; hh < g; hh += nw) {
         float m = -INFINITY;
-        for (int t = lane; t < nt; t += WARP) m = fmaxf(m, ps[hh * ATT_CHUNK + t]);
+        for (int t = lane; t < nt; t += WARP) m = fmaxf(m, ps[hh * chunk + t]);
         m = warp_max(m);
         float l = 0.0f;
         for (int t = lane; t < nt; t += WARP) {
-            float e = __expf(ps[hh * ATT_CHUNK + t] - m);
-            ps[hh * ATT_CHUNK + t] = e;
+            float e = __expf(ps[hh * chunk + t] - m);
+            ps[hh * chunk + t] = e;
             l += e;
         }
         l = warp_sum(l);
@@ -1917,40 +2003,49 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
         }
     }
     __syncthreads();
-    // o = sum_t p[t] V[t]: threads across dims; the chunk's V rows (<= 32 KB) stay in L1 for the
-    // g heads after the first
-    for (int hh = 0; hh < g; hh++)
-        for (int d = threadIdx.x; d < hd; d += ATT_THREADS) {
-            float o = 0.0f;
-            for (int t = 0; t < nt; t++) o += ps[hh * ATT_CHUNK + t] * __half2float(vc[((size_t)(t0 + t) * n_kv + j) * hd + d]);
-            part_o[((size_t)(j * g + hh) * n_split + split) * hd + d] = o;
-        }
-}
-
-// Merge the splits of each head: m = max m_s, out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m),
-// written in fp32 and quantized. One block per head.
-__global__ void attention_combine_kernel(Act out,             // (n_head, hd)
-                                         const float *part_o, const float *part_ml, const int *pos_p,
-                                         int hd, int n_split) {
-    int h = blockIdx.x, ns = *pos_p / ATT_CHUNK + 1;
-    const float *ml = part_ml + (size_t)h * n_split * 2;
-    float m = -INFINITY;
-    for (int s = 0; s < ns; s++) m = fmaxf(m, ml[2 * s]);
-    float l = 0.0f;
-    for (int s = 0; s < ns; s++) l += ml[2 * s + 1] * __expf(ml[2 * s] - m);
-    float inv = 1.0f / l;
-    for (int d0 = 0; d0 < hd; d0 += blockDim.x) {
-        int d = d0 + threadIdx.x;
+    // o = sum_t p[t] V[t]: one thread per (head, dim) output
+    for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) {
+        int hh = i / hd, d = i % hd;
+        const float *p = ps + hh * chunk;
         float o = 0.0f;
-        if (d < hd)
-            for (int s = 0; s < ns; s++) o += part_o[((size_t)h * n_split + s) * hd + d] * __expf(ml[2 * s] - m);
-        o *= inv;
-        if (d < hd) out.f[(size_t)h * hd + d] = o;
-        if (out.q.q && hd % 32 == 0 && d < hd) { // blockDim.x is a multiple of 32: whole warps
-            int nb = gridDim.x * hd / 32;
-            quantize_block_warp(o, out.q, (h * hd + d) / 32, nb);
-        }
+        for (int t = 0; t < nt; t++) o += p[t] * __half2float(Vs[(size_t)t * hd + d]);
+        part_o[((size_t)(j * g + hh) * n_split + split) * hd + d] = o;
     }
+
+    // The last split of this kv head to finish merges all of its splits:
+    //   m = max m_s,  out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m)
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    int ns = pos / chunk + 1;
+    if (threadIdx.x == 0) last = atomicAdd(&kv_done[j], 1) == ns - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    __shared__ float mh[32], lh[32]; // per query head: max and softmax sum over all splits (g <= 32)
+    for (int hh = wid; hh < g; hh += nw) {
+        const float *ml = part_ml + (size_t)(j * g + hh) * n_split * 2;
+        float m = -INFINITY;
+        for (int sp = lane; sp < ns; sp += WARP) m = fmaxf(m, __ldcg(&ml[2 * sp]));
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int sp = lane; sp < ns; sp += WARP) l += __ldcg(&ml[2 * sp + 1]) * __expf(__ldcg(&ml[2 * sp]) - m);
+        l = warp_sum(l);
+        if (lane == 0) { mh[hh] = m; lh[hh] = l; }
+    }
+    __syncthreads();
+    int nb = n_head * hd / 32;
+    for (int i0 = wid * WARP; i0 < g * hd; i0 += ATT_THREADS) { // whole warps: g*hd is a multiple of 32
+        int i = i0 + lane, hh = i / hd, d = i % hd;
+        const float *po = part_o + (size_t)(j * g + hh) * n_split * hd + d;
+        const float *ml = part_ml + (size_t)(j * g + hh) * n_split * 2;
+        float o = 0.0f;
+        for (int sp = 0; sp < ns; sp++) o += __ldcg(&po[(size_t)sp * hd]) * __expf(__ldcg(&ml[2 * sp]) - mh[hh]);
+        o /= lh[hh];
+        out.f[(size_t)j * g * hd + i] = o;
+        if (out.q.q) quantize_block_warp(o, out.q, (j * g * hd + i0) / 32, nb);
+    }
+    if (threadIdx.x == 0) kv_done[j] = 0;
 }
 
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy). The generic
@@ -1976,12 +2071,13 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
     if (W->planes) {
         if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
         int n_sub = n_in / 32;
-#define FAST(T, R) matvec_fast_kernel<T, R><<<(n_out + FAST_WARPS * R - 1) / (FAST_WARPS * R), FAST_WARPS * WARP, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
+        int threads = fast_threads(n_sub), blocks = (n_out + FAST_ROWS - 1) / FAST_ROWS;
+#define FAST(T) matvec_fast_kernel<T, FAST_ROWS><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
         switch (W->type) {
-        case GGML_TYPE_Q4_0: FAST(GGML_TYPE_Q4_0, 2); break;
-        case GGML_TYPE_IQ4_XS: FAST(GGML_TYPE_IQ4_XS, 2); break;
-        case GGML_TYPE_Q5_K: FAST(GGML_TYPE_Q5_K, 2); break;
-        case GGML_TYPE_Q6_K: FAST(GGML_TYPE_Q6_K, 2); break;
+        case GGML_TYPE_Q4_0: FAST(GGML_TYPE_Q4_0); break;
+        case GGML_TYPE_IQ4_XS: FAST(GGML_TYPE_IQ4_XS); break;
+        case GGML_TYPE_Q5_K: FAST(GGML_TYPE_Q5_K); break;
+        case GGML_TYPE_Q6_K: FAST(GGML_TYPE_Q6_K); break;
         }
 #undef FAST
         KERNEL_CHECK();
@@ -2002,13 +2098,43 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
     KERNEL_CHECK();
 }
 
+// q, k and v from the same normalized input: one launch when all three are in planes, else three.
+static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, const float *bq, const float *bk,
+                       const float *bv, const Act *in, float *q, float *k, float *v, cudaStream_t st) {
+    if (!(Wq->planes && Wk->planes && Wv->planes && in->q.q)) {
+        matvec(Wq, in, q, bq, 0, st);
+        matvec(Wk, in, k, bk, 0, st);
+        matvec(Wv, in, v, bv, 0, st);
+        return;
+    }
+    const Tensor *W[3] = {Wq, Wk, Wv};
+    MatVecBatch b;
+    const float *bias[3] = {bq, bk, bv};
+    float *y[3] = {q, k, v};
+    b.n = 3;
+    b.first_block[0] = 0;
+    for (int i = 0; i < 3; i++) {
+        b.w[i] = (const uint8_t *)W[i]->dev;
+        b.bias[i] = bias[i];
+        b.y[i] = y[i];
+        b.type[i] = W[i]->type;
+        b.n_out[i] = (int)W[i]->n_out;
+        b.first_block[i + 1] = b.first_block[i] + (b.n_out[i] + FAST_ROWS - 1) / FAST_ROWS;
+    }
+    int n_sub = (int)Wq->n_in / 32;
+    matvec_fast_batch_kernel<<<b.first_block[3], fast_threads(n_sub), 0, st>>>(b, in->q, n_sub);
+    KERNEL_CHECK();
+}
+
 // h = silu(G x) * (U x) for the FFN, fp32 and quantized. The fused kernel when both weights are
 // in planes of the same fast type, else two mat-vecs and silu_mul_quant_kernel (u: (n_ff) scratch).
-static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h, float *u, cudaStream_t st) {
+// group_done: (n_ff/32) zeroed counters for the fused kernel.
+static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h, float *u, int *group_done, cudaStream_t st) {
     int n_ff = (int)G->n_out, n_sub = (int)G->n_in / 32;
     if (G->planes && U->planes && G->type == U->type && n_ff % 32 == 0 && in->q.q) {
         const uint8_t *wg = (const uint8_t *)G->dev, *wu = (const uint8_t *)U->dev;
-#define GU(T) ffn_gate_up_silu_kernel<T><<<n_ff / 32, GATE_UP_WARPS * WARP, 0, st>>>(wg, wu, in->q, *h, n_sub, n_ff)
+        int threads = fast_threads(n_sub);
+#define GU(T) ffn_gate_up_silu_kernel<T><<<n_ff / FAST_ROWS, threads, 0, st>>>(wg, wu, in->q, *h, group_done, n_sub, n_ff)
         switch (G->type) {
         case GGML_TYPE_Q4_0: GU(GGML_TYPE_Q4_0); break;
         case GGML_TYPE_IQ4_XS: GU(GGML_TYPE_IQ4_XS); break;
@@ -2025,6 +2151,35 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
     KERNEL_CHECK();
 }
 
+// Attention of the token at *pos over one layer's cache: partial softmax states per split, merged
+// into out (fp32 and quantized). n_split = ceil(n_ctx / att_chunk(hd)) is the most splits the cache
+// can need; splits past *pos return at once.
+// kv_done: (n_kv) zeroed counters. Needs head_dim * g a multiple of 32 (checked in attention_setup).
+static void attention(const float *q, const __half *kc, const __half *vc, float *part_o, float *part_ml, int *kv_done,
+                      Act *out, const int *pos, int n_head, int n_kv, int hd, int n_split, cudaStream_t st) {
+    int chunk = att_chunk(hd), g = n_head / n_kv;
+    size_t smem = att_smem(g, hd, chunk);
+    attention_split_kernel<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, part_o, part_ml, kv_done, *out,
+                                                                           pos, n_head, n_kv, hd, n_split, chunk);
+    KERNEL_CHECK();
+}
+
+// Check once that the attention kernel gets the shared memory it needs (over 48 KB needs opting in).
+static void attention_setup(int n_head, int n_kv, int hd) {
+    size_t smem = att_smem(n_head / n_kv, hd, att_chunk(hd));
+    if (n_head / n_kv > 32 || hd % 32 != 0)
+        die("attention: %d query heads per kv head of dim %d are not supported (at most 32, dim a multiple of 32)",
+            n_head / n_kv, hd);
+    int dev, optin;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (smem > (size_t)optin)
+        die("attention needs %zu bytes of shared memory per block (%d query heads per kv head of dim %d); this GPU "
+            "allows %d", smem, n_head / n_kv, hd, optin);
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+}
+
 // ------------------------------------------------------------------------------------------------
 // 7. GPU forward: device memory, weight upload, the per-token layer loop
 // ------------------------------------------------------------------------------------------------
@@ -2034,7 +2189,7 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
 // position lives in device memory so the same graph serves every position.
 
 typedef struct {
-    int n_ctx, n_split;    // attention splits: ceil(n_ctx / ATT_CHUNK)
+    int n_ctx, n_split;    // attention splits: ceil(n_ctx / att_chunk(head_dim))
     cudaStream_t stream;
     void *weights;         // one allocation holding every uploaded weight
     size_t weight_bytes;
@@ -2049,6 +2204,8 @@ typedef struct {
     float *part_ml;        // (n_head, n_split, 2) their softmax max and sum
     Act hb;                // (n_ff) FFN hidden: silu(gate) * up
     float *hb2;            // (n_ff) up, on the generic path
+    int *group_done;       // (n_ff/32) counters of the fused gate/up kernel
+    int *kv_done;          // (n_head_kv) counters of the attention kernel
     float *logits;         // (n_vocab)
     __half *key_cache;     // (n_kv_layers, n_ctx, n_head_kv, head_dim)
     __half *value_cache;   // (n_kv_layers, n_ctx, n_head_kv, head_dim)
@@ -2192,15 +2349,14 @@ static Act act_carve(uint8_t **p, int n) {
 static void gpu_state_init(GpuState *s, const Config *c, int n_ctx) {
     memset(s, 0, sizeof *s);
     s->n_ctx = n_ctx;
-    s->n_split = (n_ctx + ATT_CHUNK - 1) / ATT_CHUNK;
-    if (c->n_head / c->n_head_kv * (c->head_dim + ATT_CHUNK) * 4 > 48 * 1024)
-        die("attention: %d query heads per kv head of dim %d need more shared memory than one block has",
-            c->n_head / c->n_head_kv, c->head_dim);
+    s->n_split = (n_ctx + att_chunk(c->head_dim) - 1) / att_chunk(c->head_dim);
+    attention_setup(c->n_head, c->n_head_kv, c->head_dim);
     size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
     size_t cache = (size_t)c->n_kv_layers * n_ctx * kvdim; // elements per cache
     size_t total = ALIGN256(c->n_embd * 4u) + act_bytes(c->n_embd) + ALIGN256(qdim * 4) + 2 * ALIGN256(kvdim * 4) +
                    act_bytes((int)qdim) + ALIGN256(qdim * s->n_split * 4) + ALIGN256((size_t)c->n_head * s->n_split * 8) +
-                   act_bytes(c->n_ff) + ALIGN256(c->n_ff * 4u) + ALIGN256(c->n_vocab * 4u) + 2 * ALIGN256(cache * 2) + 256;
+                   act_bytes(c->n_ff) + ALIGN256(c->n_ff * 4u) + ALIGN256(c->n_ff / 32 * 4u + 4) + ALIGN256(c->n_head_kv * 4u) + ALIGN256(c->n_vocab * 4u) +
+                   2 * ALIGN256(cache * 2) + 256;
     CUDA_CHECK(cudaMalloc(&s->arena, total));
     CUDA_CHECK(cudaMemset(s->arena, 0, total));
     s->arena_bytes = total;
@@ -2216,6 +2372,8 @@ static void gpu_state_init(GpuState *s, const Config *c, int n_ctx) {
     CARVE(s->part_ml, float *, (size_t)c->n_head * s->n_split * 8);
     s->hb = act_carve(&p, c->n_ff);
     CARVE(s->hb2, float *, c->n_ff * 4u);
+    CARVE(s->group_done, int *, c->n_ff / 32 * 4u + 4);
+    CARVE(s->kv_done, int *, c->n_head_kv * 4u);
     CARVE(s->logits, float *, c->n_vocab * 4u);
     CARVE(s->key_cache, __half *, cache * 2);
     CARVE(s->value_cache, __half *, cache * 2);
@@ -2273,28 +2431,24 @@ static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
         // attention block: x = x + Wo attn(rope(norm(x) Wq), rope(norm(x) Wk), norm(x) Wv)
-        PROF("rmsnorm", 8.0 * E, (rmsnorm_quant_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(L->attn_norm), E, c->eps), KERNEL_CHECK()));
-        PROF("attn_q", L->wq.nbytes, matvec(&L->wq, &s->xb, s->q, DEV(L->bq), 0, st));
-        PROF("attn_k", L->wk.nbytes, matvec(&L->wk, &s->xb, s->k, DEV(L->bk), 0, st));
-        PROF("attn_v", L->wv.nbytes, matvec(&L->wv, &s->xb, s->v, DEV(L->bv), 0, st));
+        PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st));
+        PROF("attn_qkv", L->wq.nbytes + L->wk.nbytes + L->wv.nbytes,
+             matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb, s->q, s->k, s->v, st));
         size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
         __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
         PROF("rope_kv_store", 0, (rope_and_kv_store_kernel<<<c->n_head + c->n_head_kv, 128, hd * 4, st>>>(
                  s->q, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), kc, vc, s->pos, c->n_head, c->n_head_kv, hd,
                  c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
-        PROF("attention", 0, (attention_split_kernel<<<dim3(c->n_head_kv, s->n_split), ATT_THREADS,
-                                 g * (hd + ATT_CHUNK) * 4, st>>>(s->q, kc, vc, s->part_o, s->part_ml, s->pos,
-                                                                 c->n_head, c->n_head_kv, hd, s->n_split), KERNEL_CHECK()));
-        PROF("attn_combine", 0, (attention_combine_kernel<<<c->n_head, 128, 0, st>>>(s->att_out, s->part_o, s->part_ml,
-                                                                                   s->pos, hd, s->n_split), KERNEL_CHECK()));
+        PROF("attention", 0, attention(s->q, kc, vc, s->part_o, s->part_ml, s->kv_done, &s->att_out, s->pos, c->n_head,
+                                       c->n_head_kv, hd, s->n_split, st));
         PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
 
         // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
-        PROF("rmsnorm", 8.0 * E, (rmsnorm_quant_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(L->ffn_norm), E, c->eps), KERNEL_CHECK()));
-        PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes, ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, st));
+        PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st));
+        PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes, ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, s->group_done, st));
         PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
     }
-    PROF("rmsnorm", 8.0 * E, (rmsnorm_quant_kernel<<<1, 1024, 0, st>>>(s->xb, s->x, DEV(w->output_norm), E, c->eps), KERNEL_CHECK()));
+    PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st));
     PROF("output", w->output.nbytes, matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st));
 }
 
