@@ -1601,14 +1601,21 @@ template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const uint8
 #define IQ4_T1 0xf6eaddcf //  -49  -35 -22 -10
 #define IQ4_T2 0x26190d01 //    1   13  25  38
 #define IQ4_T3 0x71594535 //   53   69  89 113
+// prmt.b32 as PTX: every selector below has bit 3 of each nibble clear (no sign replication), so
+// unlike __byte_perm it needs no masking of the selector.
+__device__ __forceinline__ int prmt(int a, int b, int sel) {
+    int d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
 __device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) {
     int sel = w & 0x77777777;                         // index bits 0..2 of every nibble
     int pick = 0x32103210 | ((w >> 1) & 0x44444444);  // nibble k: byte k%4 of the lower half, +4 = upper
-    int a0 = __byte_perm(IQ4_T0, IQ4_T1, sel), b0 = __byte_perm(IQ4_T2, IQ4_T3, sel);
-    int a1 = __byte_perm(IQ4_T0, IQ4_T1, sel >> 16), b1 = __byte_perm(IQ4_T2, IQ4_T3, sel >> 16);
-    int r0 = __byte_perm(a0, b0, pick), r1 = __byte_perm(a1, b1, pick >> 16); // nibbles 0..3, 4..7
-    *lo = __byte_perm(r0, r1, 0x6420);
-    *hi = __byte_perm(r0, r1, 0x7531);
+    int a0 = prmt(IQ4_T0, IQ4_T1, sel), b0 = prmt(IQ4_T2, IQ4_T3, sel);
+    int a1 = prmt(IQ4_T0, IQ4_T1, sel >> 16), b1 = prmt(IQ4_T2, IQ4_T3, sel >> 16);
+    int r0 = prmt(a0, b0, pick), r1 = prmt(a1, b1, pick >> 16); // nibbles 0..3, 4..7
+    *lo = prmt(r0, r1, 0x6420);
+    *hi = prmt(r0, r1, 0x7531);
 }
 
 // IQ4_XS: w = d * (ls - 32) * kvalues[q]
@@ -1936,6 +1943,8 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) in
 #define ATT_THREADS 256
 // keys per split: 64 for head_dim <= 128, fewer for wider heads (shared memory)
 static int att_chunk(int hd) { return hd <= 128 ? 64 : 8192 / hd; }
+#define ATT_MAX_OUT 8 // outputs per thread in the merge: g * head_dim <= 2048
+__host__ __device__ static size_t att_smem_kv(int hd, int chunk) { return ((size_t)chunk * (hd + 2) + 7) / 8 * 16 + (size_t)chunk * hd * 2; }
 static size_t att_smem(int g, int hd, int chunk) {
     return ((size_t)chunk * (hd + 2) + 7) / 8 * 16 + (size_t)chunk * hd * 2 + (size_t)g * hd * 4 + (size_t)g * chunk * 4;
 }
@@ -2034,16 +2043,40 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
         if (lane == 0) { mh[hh] = m; lh[hh] = l; }
     }
     __syncthreads();
+    // weights e^(m_s - m) / l in shared memory (the K/V staging area), a tile of splits at a time;
+    // each thread accumulates up to ATT_MAX_OUT outputs (g*hd <= ATT_THREADS*ATT_MAX_OUT)
+    float *wts = (float *)smem, o[ATT_MAX_OUT];
+    int cap = (int)(att_smem_kv(hd, chunk) / 4), tile = min(ns, cap / g);
+#pragma unroll
+    for (int k = 0; k < ATT_MAX_OUT; k++) o[k] = 0.0f;
+    for (int s0 = 0; s0 < ns; s0 += tile) {
+        int nsp = min(tile, ns - s0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < g * nsp; i += ATT_THREADS) {
+            int hh = i / nsp, sp = i % nsp;
+            const float *ml = part_ml + ((size_t)(j * g + hh) * n_split + s0 + sp) * 2;
+            wts[i] = __expf(__ldcg(ml) - mh[hh]) / lh[hh];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < ATT_MAX_OUT; k++) {
+            int i = threadIdx.x + k * ATT_THREADS, hh = i / hd, d = i % hd;
+            if (i >= g * hd) break;
+            const float *po = part_o + ((size_t)(j * g + hh) * n_split + s0) * hd + d;
+            const float *wt = wts + hh * nsp;
+            float acc = 0.0f;
+#pragma unroll 8
+            for (int sp = 0; sp < nsp; sp++) acc += __ldcg(&po[(size_t)sp * hd]) * wt[sp];
+            o[k] += acc;
+        }
+    }
     int nb = n_head * hd / 32;
-    for (int i0 = wid * WARP; i0 < g * hd; i0 += ATT_THREADS) { // whole warps: g*hd is a multiple of 32
-        int i = i0 + lane, hh = i / hd, d = i % hd;
-        const float *po = part_o + (size_t)(j * g + hh) * n_split * hd + d;
-        const float *ml = part_ml + (size_t)(j * g + hh) * n_split * 2;
-        float o = 0.0f;
-        for (int sp = 0; sp < ns; sp++) o += __ldcg(&po[(size_t)sp * hd]) * __expf(__ldcg(&ml[2 * sp]) - mh[hh]);
-        o /= lh[hh];
-        out.f[(size_t)j * g * hd + i] = o;
-        if (out.q.q) quantize_block_warp(o, out.q, (j * g * hd + i0) / 32, nb);
+#pragma unroll
+    for (int k = 0; k < ATT_MAX_OUT; k++) {
+        int i = threadIdx.x + k * ATT_THREADS; // whole warps: g*hd is a multiple of 32
+        if (i >= g * hd) break;
+        out.f[(size_t)j * g * hd + i] = o[k];
+        if (out.q.q) quantize_block_warp(o[k], out.q, (j * g * hd + i - lane) / 32, nb);
     }
     if (threadIdx.x == 0) kv_done[j] = 0;
 }
@@ -2167,9 +2200,9 @@ static void attention(const float *q, const __half *kc, const __half *vc, float 
 // Check once that the attention kernel gets the shared memory it needs (over 48 KB needs opting in).
 static void attention_setup(int n_head, int n_kv, int hd) {
     size_t smem = att_smem(n_head / n_kv, hd, att_chunk(hd));
-    if (n_head / n_kv > 32 || hd % 32 != 0)
-        die("attention: %d query heads per kv head of dim %d are not supported (at most 32, dim a multiple of 32)",
-            n_head / n_kv, hd);
+    if (n_head / n_kv > 32 || hd % 32 != 0 || n_head / n_kv * hd > ATT_THREADS * ATT_MAX_OUT)
+        die("attention: %d query heads per kv head of dim %d are not supported (head dim a multiple of 32, "
+            "query heads per kv head x head dim at most %d)", n_head / n_kv, hd, ATT_THREADS * ATT_MAX_OUT);
     int dev, optin;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));

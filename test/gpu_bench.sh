@@ -11,7 +11,7 @@ for mf in $models; do
     ./test/gen_model --model "$m" --ftype "$f" -o "$file" 2>&1 | tee -a "$out/gen.log"
     for bin in "$@"; do
         echo "== $bin --bench -m $file" | tee -a "$out/bench.log"
-        "$bin" --bench -m "$file" 2>&1 | tee -a "$out/bench.log"
+        "$bin" --bench -m "$file" 2>&1 | grep -v "^.loading" | tee -a "$out/bench.log"
     done
     rm -f "$file"
 done

@@ -884,8 +884,8 @@ static void test_gpu_quantize(void) {
         double xh = (double)want.s[i / 32] * (256 * want.H[i] + want.L[i]);
         if (amax > 0) worst = fmax(worst, fabs(xh - x[i]) / amax);
     }
-    // half a step (amax/65024), plus the rounding of x * (32512/amax) itself
-    report(worst <= 1.0001 / 65024, "quantize_block_c: |x^ - x| / amax(block)", worst, 1.0001 / 65024);
+    // half a step (amax/65024), plus the fp32 rounding of x * (32512/amax) (up to ~0.002 of a step)
+    report(worst <= 1.02 / 65024, "quantize_block_c: |x^ - x| / amax(block)", worst, 1.02 / 65024);
     free_hxq(&want); free_hxq(&got); free_hxq(&zero); free_xq(dq); cudaFree(dx); free(x);
 }
 
