@@ -817,8 +817,16 @@ typedef struct {
     float rope_base;       // theta_i = pos * freq_scale * rope_base^(-2i/n_rot)
     float rope_freq_scale;
     LayerKind kind[MAX_LAYERS];
-    int kv_slot[MAX_LAYERS]; // attention layer -> its index in the KV cache (-1 for others)
-    int n_kv_layers;         // layers that hold a KV cache
+    int kv_slot[MAX_LAYERS];  // attention layer -> its index in the KV cache (-1 for others)
+    int n_kv_layers;          // layers that hold a KV cache
+    // qwen35 Gated DeltaNet (linear attention) layers
+    int gdn_slot[MAX_LAYERS]; // DeltaNet layer -> its index in the recurrent state (-1 for others)
+    int n_gdn_layers;
+    int ssm_conv;             // causal conv taps (4)
+    int ssm_state;            // S: head dim of the DeltaNet q/k/v heads (128); state per head S x S
+    int ssm_k_heads;          // Hk: q/k heads
+    int ssm_v_heads;          // Hv: v heads (a multiple of Hk)
+    int ssm_inner;            // Hv * S
 } Config;
 
 // A tensor as the engine sees it: a 2-D weight of n_out rows by n_in elements (1-D vectors have
@@ -835,12 +843,23 @@ typedef struct {
 
 typedef struct {
     Tensor attn_norm;          // (n_embd) f32
-    Tensor wq;                 // (n_head*head_dim, n_embd)
+    // attention layers
+    Tensor wq;                 // (n_head*head_dim, n_embd); qwen35: (n_head*2*head_dim) = per head [q | gate]
     Tensor wk, wv;             // (n_head_kv*head_dim, n_embd)
     Tensor bq, bk, bv;         // (n_head*head_dim), (n_head_kv*head_dim) f32, qwen2 only (optional)
-    Tensor q_norm, k_norm;     // (head_dim) f32, qwen3: RMSNorm of each q/k head before RoPE
+    Tensor q_norm, k_norm;     // (head_dim) f32, qwen3/qwen35: RMSNorm of each q/k head before RoPE
     Tensor wo;                 // (n_embd, n_head*head_dim)
-    Tensor ffn_norm;           // (n_embd) f32
+    // Gated DeltaNet layers (qwen35), S = ssm_state, conv_dim = 2*Hk*S + Hv*S
+    Tensor wqkv;               // (conv_dim, n_embd) "attn_qkv": rows [q (Hk*S) | k (Hk*S) | v (Hv*S)]
+    Tensor wz;                 // (Hv*S, n_embd) "attn_gate": z, the output gate
+    Tensor conv1d;             // (conv_dim, 4) f32: w[c*4 + i], i = 0 oldest tap
+    Tensor dt_bias;            // (Hv) f32 "ssm_dt.bias"
+    Tensor ssm_a;              // (Hv) f32, -exp(A_log)
+    Tensor w_beta, w_alpha;    // (Hv, n_embd)
+    Tensor ssm_norm;           // (S) f32, shared by all heads, used as is
+    Tensor ssm_out;            // (n_embd, Hv*S)
+    // FFN
+    Tensor ffn_norm;           // (n_embd) f32; qwen35 "post_attention_norm"
     Tensor w_gate, w_up;       // (n_ff, n_embd)
     Tensor w_down;             // (n_embd, n_ff)
 } LayerWeights;
@@ -868,14 +887,16 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     else if (strcmp(arch, "qwen35") == 0) c->arch = ARCH_QWEN35;
     else die("architecture '%s' is not supported (qwen.cu runs qwen2, qwen3 and qwen35)", arch);
     snprintf(c->arch_name, sizeof c->arch_name, "%s", arch);
-    if (c->arch == ARCH_QWEN35)
-        die("architecture 'qwen35' (Qwen3.5/3.6 Gated DeltaNet hybrid) is not supported by this build yet");
 
 #define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
     c->n_ctx_train = (int)gguf_u32(g, KEY("context_length"), 1, 0);
     c->n_embd = (int)gguf_u32(g, KEY("embedding_length"), 1, 0);
-    int n_layer = (int)gguf_u32(g, KEY("block_count"), 1, 0);
-    if (n_layer < 1 || n_layer > MAX_LAYERS) die("%s = %d: must be 1..%d", key, n_layer, MAX_LAYERS);
+    int n_layer_all = (int)gguf_u32(g, KEY("block_count"), 1, 0);
+    if (n_layer_all < 1 || n_layer_all > MAX_LAYERS) die("%s = %d: must be 1..%d", key, n_layer_all, MAX_LAYERS);
+    // qwen35 may append multi-token-prediction blocks after the trunk; they are not run
+    int n_nextn = c->arch == ARCH_QWEN35 ? (int)gguf_u32(g, KEY("nextn_predict_layers"), 0, 0) : 0;
+    int n_layer = n_layer_all - n_nextn;
+    if (n_layer < 1) die("%s.nextn_predict_layers = %d leaves no layers out of %d", arch, n_nextn, n_layer_all);
     c->n_layer = n_layer;
 
     // Per-layer keys may be arrays; this engine needs them uniform across layers.
@@ -908,8 +929,10 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     if (c->head_dim <= 0 || c->head_dim > 512 || c->head_dim % 2)
         die("attention.key_length = %d: must be even and at most 512", c->head_dim);
     c->n_rot = (int)gguf_u32(g, KEY("rope.dimension_count"), 0, (uint32_t)c->head_dim);
-    if (c->n_rot != c->head_dim) die("%s.rope.dimension_count = %d, but %s rotates the whole head (%d)",
-                                     arch, c->n_rot, arch, c->head_dim);
+    if (c->arch != ARCH_QWEN35 && c->n_rot != c->head_dim)
+        die("%s.rope.dimension_count = %d, but %s rotates the whole head (%d)", arch, c->n_rot, arch, c->head_dim);
+    if (c->n_rot <= 0 || c->n_rot > c->head_dim || c->n_rot % 2)
+        die("%s.rope.dimension_count = %d: must be even and at most the head dim %d", arch, c->n_rot, c->head_dim);
     c->rope_base = gguf_f32(g, KEY("rope.freq_base"), 0, 10000.0f);
     c->rope_freq_scale = 1.0f;
     if (gguf_str(g, KEY("rope.scaling.type"), buf, sizeof buf) && strcmp(buf, "none") != 0 &&
@@ -920,13 +943,47 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     if (factor > 0.0f) c->rope_freq_scale = 1.0f / factor;
     c->eps = gguf_f32(g, KEY("attention.layer_norm_rms_epsilon"), 1, 0.0f);
     if (!(c->eps > 0.0f)) die("%s = %g: must be positive", key, c->eps);
-#undef KEY
 
-    c->n_kv_layers = 0;
-    for (int i = 0; i < n_layer; i++) {
-        c->kind[i] = LAYER_ATTENTION;
-        c->kv_slot[i] = c->n_kv_layers++;
+    // Layer kinds. qwen2/qwen3: all attention. qwen35: Gated DeltaNet except every
+    // full_attention_interval-th layer (3, 7, 11, ... with the default 4), unless
+    // attention.recurrent_layers lists them explicitly.
+    int32_t recurrent[MAX_LAYERS];
+    memset(recurrent, 0, sizeof recurrent);
+    if (c->arch == ARCH_QWEN35) {
+        // MRoPE sections: required by the format; for text every section rotates with the same
+        // position, which is plain NEOX RoPE on the first n_rot dims (qwen-spec.md §1.3)
+        const GGUFKV *sec = gguf_find(g, KEY("rope.dimension_sections"));
+        if (!sec) die("required metadata key '%s' is missing", key);
+        if (sec->type == GGUF_TYPE_ARRAY && sec->n != 4) die("%s has %llu entries, expected 4", key, (unsigned long long)sec->n);
+        int interval = (int)gguf_u32(g, KEY("full_attention_interval"), 0, 4);
+        if (interval < 1) die("%s = %d: must be at least 1", key, interval);
+        int32_t all[MAX_LAYERS];
+        if (gguf_int_or_arr(g, KEY("attention.recurrent_layers"), all, n_layer_all)) {
+            for (int i = 0; i < n_layer; i++) recurrent[i] = all[i] != 0;
+        } else {
+            for (int i = 0; i < n_layer; i++) recurrent[i] = (i + 1) % interval != 0;
+        }
+        c->ssm_conv = (int)gguf_u32(g, KEY("ssm.conv_kernel"), 1, 0);
+        c->ssm_inner = (int)gguf_u32(g, KEY("ssm.inner_size"), 1, 0);
+        c->ssm_state = (int)gguf_u32(g, KEY("ssm.state_size"), 1, 0);
+        c->ssm_v_heads = (int)gguf_u32(g, KEY("ssm.time_step_rank"), 1, 0);
+        c->ssm_k_heads = (int)gguf_u32(g, KEY("ssm.group_count"), 1, 0);
+        if (c->ssm_conv != 4) die("%s.ssm.conv_kernel = %d: only 4 is supported", arch, c->ssm_conv);
+        if (c->ssm_state <= 0 || c->ssm_state > 256 || c->ssm_state % 32)
+            die("%s.ssm.state_size = %d: must be a multiple of 32, at most 256", arch, c->ssm_state);
+        if (c->ssm_k_heads <= 0 || c->ssm_v_heads <= 0 || c->ssm_v_heads % c->ssm_k_heads)
+            die("%s.ssm: %d value heads must be a multiple of %d key heads", arch, c->ssm_v_heads, c->ssm_k_heads);
+        if (c->ssm_inner != c->ssm_state * c->ssm_v_heads)
+            die("%s.ssm.inner_size = %d, expected state_size x time_step_rank = %d", arch, c->ssm_inner,
+                c->ssm_state * c->ssm_v_heads);
     }
+    c->n_kv_layers = c->n_gdn_layers = 0;
+    for (int i = 0; i < n_layer; i++) {
+        c->kind[i] = recurrent[i] ? LAYER_DELTANET : LAYER_ATTENTION;
+        c->kv_slot[i] = recurrent[i] ? -1 : c->n_kv_layers++;
+        c->gdn_slot[i] = recurrent[i] ? c->n_gdn_layers++ : -1;
+    }
+#undef KEY
 }
 
 // Look a tensor up by name and check it against the expected {n_in, n_out} (n_out = 1: a vector).
@@ -982,21 +1039,39 @@ static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
     (snprintf(name, sizeof name, "blk.%d." suffix, l), L->field = find_tensor(g, name, n_in, n_out, req))
 #define VEC(field, suffix, n, req) \
     (snprintf(name, sizeof name, "blk.%d." suffix, l), L->field = find_vector(g, name, n, req))
+    int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads;
+    int64_t conv_dim = 2LL * Hk * S + (int64_t)Hv * S;
     for (int l = 0; l < c->n_layer; l++) {
         LayerWeights *L = &w->layers[l];
         VEC(attn_norm, "attn_norm.weight", E, 1);
-        T(wq, "attn_q.weight", E, qdim, 1);
-        T(wk, "attn_k.weight", E, kvdim, 1);
-        T(wv, "attn_v.weight", E, kvdim, 1);
-        T(wo, "attn_output.weight", qdim, E, 1);
-        VEC(bq, "attn_q.bias", qdim, 0); // present in real qwen2 files, absent in qwen3
-        VEC(bk, "attn_k.bias", kvdim, 0);
-        VEC(bv, "attn_v.bias", kvdim, 0);
-        if (c->arch == ARCH_QWEN3) {
-            VEC(q_norm, "attn_q_norm.weight", c->head_dim, 1);
-            VEC(k_norm, "attn_k_norm.weight", c->head_dim, 1);
+        if (c->kind[l] == LAYER_DELTANET) {
+            T(wqkv, "attn_qkv.weight", E, conv_dim, 1);
+            T(wz, "attn_gate.weight", E, (int64_t)Hv * S, 1);
+            snprintf(name, sizeof name, "blk.%d.ssm_conv1d.weight", l);
+            L->conv1d = find_tensor(g, name, c->ssm_conv, conv_dim, 1);
+            if (L->conv1d.type != GGML_TYPE_F32) die("tensor '%s' has type %s; expected F32", name, type_name(L->conv1d.type));
+            VEC(dt_bias, "ssm_dt.bias", Hv, 1);
+            VEC(ssm_a, "ssm_a", Hv, 1);
+            T(w_beta, "ssm_beta.weight", E, Hv, 1);
+            T(w_alpha, "ssm_alpha.weight", E, Hv, 1);
+            VEC(ssm_norm, "ssm_norm.weight", S, 1);
+            T(ssm_out, "ssm_out.weight", (int64_t)Hv * S, E, 1);
+        } else {
+            T(wq, "attn_q.weight", E, c->arch == ARCH_QWEN35 ? 2 * qdim : qdim, 1);
+            T(wk, "attn_k.weight", E, kvdim, 1);
+            T(wv, "attn_v.weight", E, kvdim, 1);
+            T(wo, "attn_output.weight", qdim, E, 1);
+            if (c->arch == ARCH_QWEN2) {
+                VEC(bq, "attn_q.bias", qdim, 0); // present in real qwen2 files
+                VEC(bk, "attn_k.bias", kvdim, 0);
+                VEC(bv, "attn_v.bias", kvdim, 0);
+            } else {
+                VEC(q_norm, "attn_q_norm.weight", c->head_dim, 1);
+                VEC(k_norm, "attn_k_norm.weight", c->head_dim, 1);
+            }
         }
-        VEC(ffn_norm, "ffn_norm.weight", E, 1);
+        if (c->arch == ARCH_QWEN35) VEC(ffn_norm, "post_attention_norm.weight", E, 1);
+        else VEC(ffn_norm, "ffn_norm.weight", E, 1);
         T(w_gate, "ffn_gate.weight", E, F, 1);
         T(w_up, "ffn_up.weight", E, F, 1);
         T(w_down, "ffn_down.weight", F, E, 1);
@@ -1032,6 +1107,7 @@ typedef struct {
     float *x;            // (n_embd) residual stream
     float *xb;           // (n_embd) normalized input of the next mat-vec
     float *q;            // (n_head*head_dim)
+    float *qg;           // (n_head*2*head_dim) qwen35: per head [q | gate]
     float *k, *v;        // (n_head_kv*head_dim)
     float *att_out;      // (n_head*head_dim) attention output, heads concatenated
     float *att;          // (n_ctx) attention weights of one head
@@ -1040,16 +1116,28 @@ typedef struct {
     float *row;          // (max n_in) one dequantized weight row
     float *key_cache;    // (n_kv_layers, n_ctx, n_head_kv*head_dim) fp32
     float *value_cache;  // (n_kv_layers, n_ctx, n_head_kv*head_dim) fp32
+    // Gated DeltaNet (qwen35)
+    float *mixed;        // (conv_dim) attn_qkv output; then the conv output [q | k | v]
+    float *z;            // (Hv*S) output gate
+    float *beta, *alpha; // (Hv)
+    float *gdn_out;      // (Hv*S)
+    float *conv_state;   // (n_gdn_layers, 3, conv_dim) the last 3 inputs of the conv, oldest first
+    float *ssm_state;    // (n_gdn_layers, Hv, S, S) state[hv][j][i], j = value index, i = key index
 } CpuState;
+
+static size_t gdn_conv_dim(const Config *c) { return 2 * (size_t)c->ssm_k_heads * c->ssm_state + (size_t)c->ssm_inner; }
 
 static void cpu_state_init(CpuState *s, const Config *c, int n_ctx) {
     size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
+    size_t conv_dim = gdn_conv_dim(c), vdim = (size_t)c->ssm_inner, S = (size_t)c->ssm_state;
     size_t max_in = (size_t)(c->n_ff > c->n_embd ? c->n_ff : c->n_embd);
     if (qdim > max_in) max_in = qdim;
+    if (vdim > max_in) max_in = vdim;
     s->n_ctx = n_ctx;
     s->x = (float *)xcalloc(c->n_embd, 4);
     s->xb = (float *)xcalloc(c->n_embd, 4);
     s->q = (float *)xcalloc(qdim, 4);
+    s->qg = (float *)xcalloc(2 * qdim, 4);
     s->k = (float *)xcalloc(kvdim, 4);
     s->v = (float *)xcalloc(kvdim, 4);
     s->att_out = (float *)xcalloc(qdim, 4);
@@ -1060,11 +1148,20 @@ static void cpu_state_init(CpuState *s, const Config *c, int n_ctx) {
     s->row = (float *)xcalloc(max_in, 4);
     s->key_cache = (float *)xcalloc((size_t)c->n_kv_layers * n_ctx * kvdim, 4);
     s->value_cache = (float *)xcalloc((size_t)c->n_kv_layers * n_ctx * kvdim, 4);
+    s->mixed = (float *)xcalloc(conv_dim, 4);
+    s->z = (float *)xcalloc(vdim, 4);
+    s->beta = (float *)xcalloc(c->ssm_v_heads, 4);
+    s->alpha = (float *)xcalloc(c->ssm_v_heads, 4);
+    s->gdn_out = (float *)xcalloc(vdim, 4);
+    s->conv_state = (float *)xcalloc((size_t)c->n_gdn_layers * 3 * conv_dim, 4);
+    s->ssm_state = (float *)xcalloc((size_t)c->n_gdn_layers * c->ssm_v_heads * S * S, 4);
 }
 
 static void cpu_state_free(CpuState *s) {
-    free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att_out); free(s->att);
+    free(s->x); free(s->xb); free(s->q); free(s->qg); free(s->k); free(s->v); free(s->att_out); free(s->att);
     free(s->hb); free(s->hb2); free(s->logits); free(s->row); free(s->key_cache); free(s->value_cache);
+    free(s->mixed); free(s->z); free(s->beta); free(s->alpha); free(s->gdn_out); free(s->conv_state);
+    free(s->ssm_state);
 }
 
 // y = W x (+ bias) (+ y when accumulate): one dequantized row at a time.
@@ -1139,46 +1236,155 @@ static void attention_c(float *out /* (n_head, hd) */, const float *q /* (n_head
     }
 }
 
-// One token through the model on the CPU; leaves the logits in s->logits.
+static float sigmoid_c(float x) { return 1.0f / (1.0f + expf(-x)); }
+static float softplus_c(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
+
+// --- Gated DeltaNet pieces (qwen35), each the C twin of a GPU kernel ---
+
+// Causal depthwise conv over the last 4 inputs of each channel, then SiLU. cs (3, conv_dim) holds the
+// previous 3 inputs, oldest first, and is shifted by one.
+//   y[c] = silu(cs[0][c] w[c][0] + cs[1][c] w[c][1] + cs[2][c] w[c][2] + mixed[c] w[c][3])
+static void gdn_conv_c(float *y, const float *mixed, const float *w /* (conv_dim, 4) */, float *cs, int conv_dim) {
+    for (int c = 0; c < conv_dim; c++) {
+        float win[4] = {cs[c], cs[conv_dim + c], cs[2 * conv_dim + c], mixed[c]};
+        double sum = 0.0;
+        for (int i = 0; i < 4; i++) sum += (double)win[i] * w[4 * c + i];
+        y[c] = silu_c((float)sum);
+        cs[c] = win[1];
+        cs[conv_dim + c] = win[2];
+        cs[2 * conv_dim + c] = win[3];
+    }
+}
+
+// L2 norm: v = v / max(||v||, eps)
+static void l2norm_c(float *v, int n, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)v[i] * v[i];
+    float inv = 1.0f / fmaxf(sqrtf((float)ss), eps);
+    for (int i = 0; i < n; i++) v[i] *= inv;
+}
+
+// One step of the gated delta rule for one value head (S x S state M, row j = value index):
+//   M = M * exp(g);  delta = beta * (v - M k);  M = M + delta k^T;  o = M q / sqrt(S)
+static void gdn_step_c(float *M /* (S, S) */, const float *q, const float *k, const float *v, float g, float beta,
+                       float *o, int S) {
+    float decay = expf(g);
+    for (int j = 0; j < S; j++) {
+        float *m = M + (size_t)j * S;
+        double kv = 0.0;
+        for (int i = 0; i < S; i++) {
+            m[i] *= decay;
+            kv += (double)m[i] * k[i];
+        }
+        float delta = beta * (v[j] - (float)kv);
+        double oq = 0.0;
+        for (int i = 0; i < S; i++) {
+            m[i] += delta * k[i];
+            oq += (double)m[i] * q[i];
+        }
+        o[j] = (float)oq / sqrtf((float)S);
+    }
+}
+
+// Gated RMSNorm of one head's output: o = rmsnorm(o) * w * silu(z)
+static void gated_rmsnorm_c(float *o, const float *z, const float *w, int S, float eps) {
+    rmsnorm_c(o, o, w, S, eps);
+    for (int j = 0; j < S; j++) o[j] *= silu_c(z[j]);
+}
+
+// --- the three kinds of block ---
+
+// attention: x = x + Wo attn(rope(norm(x) Wq), rope(norm(x) Wk), norm(x) Wv)
+//   qwen2: q/k/v biases; qwen3: RMSNorm of each q/k head before RoPE; qwen35: Wq also yields a
+//   gate per head, RoPE covers the first n_rot dims, and the output is multiplied by sigmoid(gate)
+static void attention_block_cpu(const Model *m, CpuState *s, int l, int pos) {
+    const Config *c = &m->c;
+    const LayerWeights *L = &m->w.layers[l];
+    int hd = c->head_dim;
+    size_t kvdim = (size_t)c->n_head_kv * hd;
+    float *q = s->q;
+    if (c->arch == ARCH_QWEN35) { // Wq rows per head: [q (hd) | gate (hd)]
+        matvec_c(&L->wq, s->xb, s->qg, NULL, 0, s->row);
+        for (int h = 0; h < c->n_head; h++) memcpy(q + (size_t)h * hd, s->qg + (size_t)h * 2 * hd, hd * 4);
+    } else {
+        matvec_c(&L->wq, s->xb, q, &L->bq, 0, s->row);
+    }
+    matvec_c(&L->wk, s->xb, s->k, &L->bk, 0, s->row);
+    matvec_c(&L->wv, s->xb, s->v, &L->bv, 0, s->row);
+    if (L->q_norm.name) { // RMSNorm over each head of q and k, before RoPE
+        for (int h = 0; h < c->n_head; h++) rmsnorm_c(q + h * hd, q + h * hd, (const float *)L->q_norm.host, hd, c->eps);
+        for (int h = 0; h < c->n_head_kv; h++)
+            rmsnorm_c(s->k + h * hd, s->k + h * hd, (const float *)L->k_norm.host, hd, c->eps);
+    }
+    rope_neox_c(q, c->n_head, hd, c->n_rot, pos, c->rope_base, c->rope_freq_scale);
+    rope_neox_c(s->k, c->n_head_kv, hd, c->n_rot, pos, c->rope_base, c->rope_freq_scale);
+    float *kc = s->key_cache + (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
+    float *vc = s->value_cache + (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
+    memcpy(kc + pos * kvdim, s->k, kvdim * 4);
+    memcpy(vc + pos * kvdim, s->v, kvdim * 4);
+    attention_c(s->att_out, q, kc, vc, s->att, c->n_head, c->n_head_kv, hd, pos);
+    if (c->arch == ARCH_QWEN35)
+        for (int h = 0; h < c->n_head; h++)
+            for (int d = 0; d < hd; d++) s->att_out[(size_t)h * hd + d] *= sigmoid_c(s->qg[(size_t)h * 2 * hd + hd + d]);
+    matvec_c(&L->wo, s->att_out, s->x, NULL, 1, s->row);
+}
+
+// Gated DeltaNet (qwen35 linear attention): x = x + W_out gdn(norm(x)), see qwen-spec.md §1.4
+static void deltanet_block_cpu(const Model *m, CpuState *s, int l) {
+    const Config *c = &m->c;
+    const LayerWeights *L = &m->w.layers[l];
+    int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads, conv_dim = (int)gdn_conv_dim(c);
+    matvec_c(&L->wqkv, s->xb, s->mixed, NULL, 0, s->row);
+    matvec_c(&L->wz, s->xb, s->z, NULL, 0, s->row);
+    matvec_c(&L->w_beta, s->xb, s->beta, NULL, 0, s->row);
+    matvec_c(&L->w_alpha, s->xb, s->alpha, NULL, 0, s->row);
+    float *cs = s->conv_state + (size_t)c->gdn_slot[l] * 3 * conv_dim;
+    gdn_conv_c(s->mixed, s->mixed, (const float *)L->conv1d.host, cs, conv_dim); // in place: y[c] needs only mixed[c]
+    float *q = s->mixed, *k = s->mixed + (size_t)Hk * S, *v = s->mixed + 2 * (size_t)Hk * S;
+    for (int h = 0; h < 2 * Hk; h++) l2norm_c(q + (size_t)h * S, S, c->eps); // q heads, then k heads
+    float *state = s->ssm_state + (size_t)c->gdn_slot[l] * Hv * S * S;
+    const float *dt_bias = (const float *)L->dt_bias.host, *a = (const float *)L->ssm_a.host;
+    for (int hv = 0; hv < Hv; hv++) {
+        int hk = hv % Hk; // V heads are tiled over the K heads (converter's order)
+        float g = softplus_c(s->alpha[hv] + dt_bias[hv]) * a[hv]; // log of the decay, <= 0
+        float beta = sigmoid_c(s->beta[hv]);
+        float *o = s->gdn_out + (size_t)hv * S;
+        gdn_step_c(state + (size_t)hv * S * S, q + (size_t)hk * S, k + (size_t)hk * S, v + (size_t)hv * S, g, beta, o, S);
+        gated_rmsnorm_c(o, s->z + (size_t)hv * S, (const float *)L->ssm_norm.host, S, c->eps);
+    }
+    matvec_c(&L->ssm_out, s->gdn_out, s->x, NULL, 1, s->row);
+}
+
+// FFN: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
+static void ffn_block_cpu(const Model *m, CpuState *s, int l) {
+    const Config *c = &m->c;
+    const LayerWeights *L = &m->w.layers[l];
+    rmsnorm_c(s->xb, s->x, (const float *)L->ffn_norm.host, c->n_embd, c->eps);
+    matvec_c(&L->w_gate, s->xb, s->hb, NULL, 0, s->row);
+    matvec_c(&L->w_up, s->xb, s->hb2, NULL, 0, s->row);
+    for (int i = 0; i < c->n_ff; i++) s->hb[i] = silu_c(s->hb[i]) * s->hb2[i];
+    matvec_c(&L->w_down, s->hb, s->x, NULL, 1, s->row);
+}
+
+// One token through the model on the CPU; leaves the logits in s->logits. Position 0 starts a new
+// sequence: the DeltaNet states are cleared (the KV cache is simply overwritten).
 //   HF: hidden = embed(tok); for layer: hidden = layer(hidden); logits = lm_head(norm(hidden))
 static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
     const Config *c = &m->c;
-    const Weights *w = &m->w;
-    int E = c->n_embd, hd = c->head_dim;
-    size_t kvdim = (size_t)c->n_head_kv * hd;
-    embed_token(m, token, s->x);
-
-    for (int l = 0; l < c->n_layer; l++) {
-        const LayerWeights *L = &w->layers[l];
-        // --- attention block: x = x + Wo · attn(rope(norm(x) Wq), rope(norm(x) Wk), norm(x) Wv)
-        rmsnorm_c(s->xb, s->x, (const float *)L->attn_norm.host, E, c->eps);
-        matvec_c(&L->wq, s->xb, s->q, &L->bq, 0, s->row);
-        matvec_c(&L->wk, s->xb, s->k, &L->bk, 0, s->row);
-        matvec_c(&L->wv, s->xb, s->v, &L->bv, 0, s->row);
-        if (L->q_norm.name) { // qwen3: RMSNorm over each head of q and k, before RoPE
-            for (int h = 0; h < c->n_head; h++)
-                rmsnorm_c(s->q + h * hd, s->q + h * hd, (const float *)L->q_norm.host, hd, c->eps);
-            for (int h = 0; h < c->n_head_kv; h++)
-                rmsnorm_c(s->k + h * hd, s->k + h * hd, (const float *)L->k_norm.host, hd, c->eps);
-        }
-        rope_neox_c(s->q, c->n_head, hd, c->n_rot, pos, c->rope_base, c->rope_freq_scale);
-        rope_neox_c(s->k, c->n_head_kv, hd, c->n_rot, pos, c->rope_base, c->rope_freq_scale);
-        float *kc = s->key_cache + (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
-        float *vc = s->value_cache + (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
-        memcpy(kc + pos * kvdim, s->k, kvdim * 4);
-        memcpy(vc + pos * kvdim, s->v, kvdim * 4);
-        attention_c(s->att_out, s->q, kc, vc, s->att, c->n_head, c->n_head_kv, hd, pos);
-        matvec_c(&L->wo, s->att_out, s->x, NULL, 1, s->row);
-
-        // --- FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
-        rmsnorm_c(s->xb, s->x, (const float *)L->ffn_norm.host, E, c->eps);
-        matvec_c(&L->w_gate, s->xb, s->hb, NULL, 0, s->row);
-        matvec_c(&L->w_up, s->xb, s->hb2, NULL, 0, s->row);
-        for (int i = 0; i < c->n_ff; i++) s->hb[i] = silu_c(s->hb[i]) * s->hb2[i];
-        matvec_c(&L->w_down, s->hb, s->x, NULL, 1, s->row);
+    if (pos == 0 && c->n_gdn_layers) {
+        size_t S = (size_t)c->ssm_state;
+        memset(s->conv_state, 0, (size_t)c->n_gdn_layers * 3 * gdn_conv_dim(c) * 4);
+        memset(s->ssm_state, 0, (size_t)c->n_gdn_layers * c->ssm_v_heads * S * S * 4);
     }
-    rmsnorm_c(s->xb, s->x, (const float *)w->output_norm.host, E, c->eps);
-    matvec_c(&w->output, s->xb, s->logits, &w->output_bias, 0, s->row);
+    embed_token(m, token, s->x);
+    for (int l = 0; l < c->n_layer; l++) {
+        rmsnorm_c(s->xb, s->x, (const float *)m->w.layers[l].attn_norm.host, c->n_embd, c->eps);
+        if (c->kind[l] == LAYER_DELTANET) deltanet_block_cpu(m, s, l);
+        else attention_block_cpu(m, s, l, pos);
+        ffn_block_cpu(m, s, l);
+    }
+    rmsnorm_c(s->xb, s->x, (const float *)m->w.output_norm.host, c->n_embd, c->eps);
+    matvec_c(&m->w.output, s->xb, s->logits, &m->w.output_bias, 0, s->row);
 }
 
 // ------------------------------------------------------------------------------------------------

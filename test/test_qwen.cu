@@ -563,7 +563,7 @@ static void greedy_continuation(Engine *e, const Seq *text, int *out, int n) {
 
 static void test_models(int use_gpu) {
     static ModelFile mf[128];
-    int nm = list_models(mf, 128, 0);
+    int nm = list_models(mf, 128, 1);
     if (nm == 0) { check(0, "fixture models found under test/data"); return; }
     const char *dev = use_gpu ? "gpu" : "cpu";
     for (int i = 0; i < nm; i++) {
