@@ -84,6 +84,10 @@ static void *xcalloc(size_t n, size_t size) {
     return p;
 }
 
+// Settings from the command line that reach deep into the engine.
+static double g_vram_limit = 0.0; // --vram-limit in bytes; 0: the card as it is
+static int g_verbose = 1;         // print the VRAM budget and the load progress (the tests turn it off)
+
 static double now_sec(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1961,14 +1965,15 @@ matvec_fast_kernel(const uint8_t *W, XQ xq, const float *bias, float *y, int n_s
     fast_rows<TYPE, R>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
 }
 
-// Up to three mat-vecs on the same input in one launch (q, k and v): each block finds its matrix
-// by its index; the matrices may have different fast types.
+// Up to four mat-vecs on the same input in one launch (q, k, v; or DeltaNet's qkv, z, beta, alpha):
+// each block finds its matrix by its index; the matrices may have different fast types.
+#define BATCH_MAX 4
 typedef struct {
-    const uint8_t *w[3];
-    const float *bias[3];  // or NULL
-    float *y[3];
-    int type[3], n_out[3];
-    int first_block[4];    // blocks before matrix i; first_block[n] = all blocks
+    const uint8_t *w[BATCH_MAX];
+    const float *bias[BATCH_MAX]; // or NULL
+    float *y[BATCH_MAX];
+    int type[BATCH_MAX], n_out[BATCH_MAX];
+    int first_block[BATCH_MAX + 1]; // blocks before matrix i; first_block[n] = all blocks
     int n;
 } MatVecBatch;
 
@@ -2091,10 +2096,14 @@ static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float
     KERNEL_CHECK();
 }
 
-// Per head: optional RMSNorm (qwen3's q/k norm), NEOX RoPE on the first n_rot dims, then k and v
-// appended to the fp16 cache at *pos. Grid: n_head + n_kv blocks, q heads first. q is normed and
-// roped in place. C twin: rmsnorm_c per head, rope_neox_c, and the copy into the cache in forward_cpu.
-__global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) in place
+// Per head: optional RMSNorm (qwen3/qwen35's q/k norm), NEOX RoPE on the first n_rot dims, then k
+// and v appended to the fp16 cache at *pos. Grid: n_head + n_kv blocks, q heads first. Query head h
+// is read from q_src + h*q_stride (qwen35 interleaves q with its gate) and written to q (may be the
+// same memory). C twin: rmsnorm_c per head, rope_neox_c, and the copy into the cache in
+// attention_block_cpu.
+__global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) out
+                                         const float *q_src,  // (n_head, q_stride) in
+                                         int q_stride,
                                          const float *k,      // (n_kv, hd)
                                          const float *v,      // (n_kv, hd)
                                          const float *q_norm, // (hd) or NULL
@@ -2106,7 +2115,7 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) in
     extern __shared__ float buf[]; // (hd)
     int h = blockIdx.x, pos = *pos_p;
     int is_q = h < n_head;
-    const float *src = is_q ? q + (size_t)h * hd : k + (size_t)(h - n_head) * hd;
+    const float *src = is_q ? q_src + (size_t)h * q_stride : k + (size_t)(h - n_head) * hd;
     const float *nw = is_q ? q_norm : k_norm;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
@@ -2162,6 +2171,8 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
                        float *part_ml,    // (n_head, n_split, 2)
                        int *kv_done,      // (n_kv) counters, zero between tokens
                        Act out,           // (n_head, hd) the merged output
+                       const float *gate, // (n_head, gate_stride) qwen35: out *= sigmoid(gate), or NULL
+                       int gate_stride,
                        const int *pos_p, int n_head, int n_kv, int hd, int n_split, int chunk) {
     extern __shared__ uint4 smem[];
     int j = blockIdx.x, split = blockIdx.y, pos = *pos_p;
@@ -2281,10 +2292,100 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     for (int k = 0; k < ATT_MAX_OUT; k++) {
         int i = threadIdx.x + k * ATT_THREADS; // whole warps: g*hd is a multiple of 32
         if (i >= g * hd) break;
+        if (gate) o[k] /= 1.0f + __expf(-gate[(size_t)(j * g + i / hd) * gate_stride + i % hd]);
         out.f[(size_t)j * g * hd + i] = o[k];
         if (out.q.q) quantize_block_warp(o[k], out.q, (j * g * hd + i - lane) / 32, nb);
     }
     if (threadIdx.x == 0) kv_done[j] = 0;
+}
+
+// --- Gated DeltaNet (qwen35) ---------------------------------------------------------------------
+
+// Causal conv + SiLU of the q/k/v projections, L2 norm of each q and k head, and the gates of each v
+// head. Grid: 2*Hk + Hv blocks of S threads; block b holds channels [b*S, (b+1)*S) of
+// [q heads | k heads | v heads]. In place on mixed. C twins: gdn_conv_c, l2norm_c, and the gates
+// in deltanet_block_cpu.
+__global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: projections, out: conv output
+                                     const float *w,         // (conv_dim, 4) conv taps
+                                     float *cs,              // (3, conv_dim) conv state, oldest first
+                                     const float *beta_raw,  // (Hv)
+                                     const float *alpha_raw, // (Hv)
+                                     const float *dt_bias,   // (Hv)
+                                     const float *ssm_a,     // (Hv)
+                                     float *gb,              // (2, Hv) out: g (log decay), beta
+                                     int Hk, int Hv, float eps) {
+    int S = blockDim.x, conv_dim = (2 * Hk + Hv) * S, c = blockIdx.x * S + threadIdx.x;
+    float win0 = cs[c], win1 = cs[conv_dim + c], win2 = cs[2 * conv_dim + c], win3 = mixed[c];
+    float sum = win0 * w[4 * c] + win1 * w[4 * c + 1] + win2 * w[4 * c + 2] + win3 * w[4 * c + 3];
+    float y = sum / (1.0f + __expf(-sum));
+    cs[c] = win1;
+    cs[conv_dim + c] = win2;
+    cs[2 * conv_dim + c] = win3;
+    if ((int)blockIdx.x < 2 * Hk) { // q or k head: L2 norm, y / max(||y||, eps)
+        float ss = block_sum(y * y);
+        y /= fmaxf(sqrtf(ss), eps);
+    } else if (threadIdx.x == 0) {
+        int hv = blockIdx.x - 2 * Hk;
+        float x = alpha_raw[hv] + dt_bias[hv];
+        gb[hv] = (x > 20.0f ? x : logf(1.0f + expf(x))) * ssm_a[hv];
+        gb[Hv + hv] = 1.0f / (1.0f + expf(-beta_raw[hv]));
+    }
+    mixed[c] = y;
+}
+
+// The gated delta rule for one token: one warp per state row (value index j) of one v head; the
+// row's S floats stay in registers between the two dot products. Grid (Hv, S / GDN_ROWS).
+//   M = M * exp(g);  delta_j = beta * (v_j - M_j . k);  M_j += delta_j k;  o_j = M_j . q / sqrt(S)
+// C twin: gdn_step_c.
+#define GDN_ROWS 4
+#define GDN_MAX_T 8 // S <= 256: at most 8 values per lane
+__global__ void __launch_bounds__(GDN_ROWS * WARP)
+gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
+                const float *qkv,  // (conv_dim) [q (Hk,S) | k (Hk,S) | v (Hv,S)] after conv and norm
+                const float *gb,   // (2, Hv) g, beta
+                float *o,          // (Hv, S) out
+                int S, int Hk, int Hv) {
+    int hv = blockIdx.x, hk = hv % Hk, lane = threadIdx.x % WARP;
+    int j = blockIdx.y * GDN_ROWS + threadIdx.x / WARP;
+    if (j >= S) return;
+    const float *q = qkv + (size_t)hk * S, *k = qkv + (size_t)(Hk + hk) * S, *v = qkv + (size_t)(2 * Hk + hv) * S;
+    float *row = state + ((size_t)hv * S + j) * S;
+    float decay = __expf(gb[hv]), beta = gb[Hv + hv];
+    float m[GDN_MAX_T], kk[GDN_MAX_T];
+    float kv = 0.0f;
+#pragma unroll
+    for (int t = 0; t < GDN_MAX_T; t++) {
+        int i = lane + WARP * t;
+        m[t] = i < S ? row[i] * decay : 0.0f;
+        kk[t] = i < S ? k[i] : 0.0f;
+        kv += m[t] * kk[t];
+    }
+    float delta = beta * (v[j] - warp_sum(kv));
+    float oq = 0.0f;
+#pragma unroll
+    for (int t = 0; t < GDN_MAX_T; t++) {
+        int i = lane + WARP * t;
+        if (i < S) {
+            m[t] += delta * kk[t];
+            row[i] = m[t];
+            oq += m[t] * q[i];
+        }
+    }
+    oq = warp_sum(oq);
+    if (lane == 0) o[(size_t)hv * S + j] = oq * rsqrtf((float)S);
+}
+
+// Gated RMSNorm per v head, fp32 and quantized for the out-projection: out = rmsnorm(o) * w * silu(z).
+// Grid Hv blocks of S threads. C twin: gated_rmsnorm_c.
+__global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */, const float *z /* (Hv, S) */,
+                                     const float *w /* (S) */, float eps) {
+    int S = blockDim.x, i = blockIdx.x * S + threadIdx.x;
+    float v = o[i];
+    float ss = block_sum(v * v);
+    float zz = z[i];
+    v = v * rsqrtf(ss / S + eps) * w[threadIdx.x] * (zz / (1.0f + __expf(-zz)));
+    out.f[i] = v;
+    if (out.q.q) quantize_block_warp(v, out.q, i / 32, gridDim.x * S / 32);
 }
 
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy). The generic
@@ -2337,22 +2438,19 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
     KERNEL_CHECK();
 }
 
-// q, k and v from the same normalized input: one launch when all three are in planes, else three.
-static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, const float *bq, const float *bk,
-                       const float *bv, const Act *in, float *q, float *k, float *v, cudaStream_t st) {
-    if (!(Wq->planes && Wk->planes && Wv->planes && in->q.q)) {
-        matvec(Wq, in, q, bq, 0, st);
-        matvec(Wk, in, k, bk, 0, st);
-        matvec(Wv, in, v, bv, 0, st);
+// n mat-vecs y_i = W_i x (+ b_i) from the same input: one launch when all are in planes, else n.
+static void matvec_batch(int n, const Tensor *const *W, const float *const *bias, float *const *y, const Act *in,
+                         cudaStream_t st) {
+    int all_planes = in->q.q != NULL;
+    for (int i = 0; i < n; i++) all_planes &= W[i]->planes;
+    if (!all_planes) {
+        for (int i = 0; i < n; i++) matvec(W[i], in, y[i], bias[i], 0, st);
         return;
     }
-    const Tensor *W[3] = {Wq, Wk, Wv};
     MatVecBatch b;
-    const float *bias[3] = {bq, bk, bv};
-    float *y[3] = {q, k, v};
-    b.n = 3;
-    b.first_block[0] = 0;
-    for (int i = 0; i < 3; i++) {
+    memset(&b, 0, sizeof b);
+    b.n = n;
+    for (int i = 0; i < n; i++) {
         b.w[i] = (const uint8_t *)W[i]->dev;
         b.bias[i] = bias[i];
         b.y[i] = y[i];
@@ -2360,9 +2458,18 @@ static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, con
         b.n_out[i] = (int)W[i]->n_out;
         b.first_block[i + 1] = b.first_block[i] + (b.n_out[i] + FAST_ROWS - 1) / FAST_ROWS;
     }
-    int n_sub = (int)Wq->n_in / 32;
-    matvec_fast_batch_kernel<<<b.first_block[3], fast_threads(n_sub), 0, st>>>(b, in->q, n_sub);
+    int n_sub = (int)W[0]->n_in / 32;
+    matvec_fast_batch_kernel<<<b.first_block[n], fast_threads(n_sub), 0, st>>>(b, in->q, n_sub);
     KERNEL_CHECK();
+}
+
+// q, k and v from the same normalized input.
+static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, const float *bq, const float *bk,
+                       const float *bv, const Act *in, float *q, float *k, float *v, cudaStream_t st) {
+    const Tensor *W[3] = {Wq, Wk, Wv};
+    const float *bias[3] = {bq, bk, bv};
+    float *y[3] = {q, k, v};
+    matvec_batch(3, W, bias, y, in, st);
 }
 
 // h = silu(G x) * (U x) for the FFN, fp32 and quantized. The fused kernel when both weights are
@@ -2395,11 +2502,12 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
 // can need; splits past *pos return at once.
 // kv_done: (n_kv) zeroed counters. Needs head_dim * g a multiple of 32 (checked in attention_setup).
 static void attention(const float *q, const __half *kc, const __half *vc, float *part_o, float *part_ml, int *kv_done,
-                      Act *out, const int *pos, int n_head, int n_kv, int hd, int n_split, cudaStream_t st) {
+                      Act *out, const float *gate, int gate_stride, const int *pos, int n_head, int n_kv, int hd,
+                      int n_split, cudaStream_t st) {
     int chunk = att_chunk(hd), g = n_head / n_kv;
     size_t smem = att_smem(g, hd, chunk);
-    attention_split_kernel<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, part_o, part_ml, kv_done, *out,
-                                                                           pos, n_head, n_kv, hd, n_split, chunk);
+    attention_split_kernel<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, part_o, part_ml, kv_done, *out, gate,
+                                                                           gate_stride, pos, n_head, n_kv, hd, n_split, chunk);
     KERNEL_CHECK();
 }
 
@@ -2445,6 +2553,19 @@ typedef struct {
     float *hb2;            // (n_ff) up, on the generic path
     int *group_done;       // (n_ff/32) counters of the fused gate/up kernel
     int *kv_done;          // (n_head_kv) counters of the attention kernel
+    float *qg;             // (n_head*2*head_dim) qwen35: per head [q | gate]
+    // Gated DeltaNet (qwen35); S = ssm_state, conv_dim = (2*Hk + Hv)*S
+    float *gdn_mixed;      // (conv_dim) projections, then conv output [q | k | v]
+    float *gdn_z;          // (Hv*S) output gate
+    float *gdn_beta, *gdn_alpha; // (Hv) raw projections
+    float *gdn_gb;         // (2, Hv) g and beta
+    float *gdn_raw;        // (Hv*S) delta-rule output before the gated norm
+    Act gdn_out;           // (Hv*S) input of ssm_out
+    float *conv_state;     // (n_gdn_layers, 3, conv_dim), followed directly by
+    float *ssm_state;      // (n_gdn_layers, Hv, S, S): state_bytes in all, cleared at position 0
+    size_t state_bytes;
+    size_t kv_bytes;       // both caches
+    size_t peak_used;      // device memory in use on the card at the end of the load (measured)
     float *logits;         // (n_vocab)
     __half *key_cache;     // (n_kv_layers, n_ctx, n_head_kv, head_dim)
     __half *value_cache;   // (n_kv_layers, n_ctx, n_head_kv, head_dim)
@@ -2472,7 +2593,7 @@ static int gpu_available(void) {
 static int gpu_weight_list(Model *m, Tensor **list) {
     int n = 0;
     Weights *w = &m->w;
-    Tensor *all[16 + MAX_LAYERS * 16];
+    Tensor *all[16 + MAX_LAYERS * 24];
     int na = 0;
     all[na++] = &w->output_norm;
     all[na++] = &w->output;
@@ -2480,7 +2601,9 @@ static int gpu_weight_list(Model *m, Tensor **list) {
     for (int l = 0; l < m->c.n_layer; l++) {
         LayerWeights *L = &w->layers[l];
         Tensor *lt[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk, &L->bv, &L->q_norm,
-                        &L->k_norm, &L->wo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+                        &L->k_norm, &L->wo, &L->wqkv, &L->wz, &L->conv1d, &L->dt_bias, &L->ssm_a,
+                        &L->w_beta, &L->w_alpha, &L->ssm_norm, &L->ssm_out, &L->ffn_norm, &L->w_gate,
+                        &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) all[na++] = lt[i];
     }
     for (int i = 0; i < na; i++)
@@ -2493,19 +2616,155 @@ static int gpu_weight_list(Model *m, Tensor **list) {
     return n;
 }
 
+// --- VRAM budget: prove the model fits before allocating anything large ---------------------------
+// qwen.cu never offloads layers to the CPU: either everything fits on the card, or it refuses with
+// the numbers that would make it fit. The budget is computed from the same layout code that later
+// carves the memory, and compared with what the card really has free once the CUDA context exists
+// (the context's own share is measured, not guessed). --vram-limit SIZE makes the engine behave as
+// if the card had SIZE bytes in total, e.g. 15.5G to rehearse a 16 GB V100 on a bigger GPU.
+
+#define UPLOAD_CHUNK ((size_t)32 << 20) // staging for the weight upload: 2 chunks pinned, 2 on the GPU
+
+typedef struct {
+    size_t weights_by_type[GGML_TYPE_COUNT];
+    size_t weights;      // every tensor the GPU reads
+    size_t kv;           // K and V caches for n_ctx tokens (fp16)
+    size_t state;        // DeltaNet conv + recurrent state (fp32)
+    size_t logits;       // (n_vocab) fp32
+    size_t scratch;      // activations and attention scratch
+    size_t staging;      // device side of the upload staging (freed after the load)
+    size_t context;      // measured: CUDA context + whatever else already uses the card
+    size_t card_total;   // the card as the engine sees it (--vram-limit)
+    size_t card_free;    // free after the context was created
+    double weight_elems; // number of weights, for bits per weight
+    int measured;        // card_* and context are real measurements
+} Budget;
+
+static size_t budget_need(const Budget *b) { // what must be free on top of the context
+    return b->weights + b->kv + b->state + b->logits + b->scratch + b->staging;
+}
+
+static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *base);
+
+// The arithmetic part: what the model needs at context n_ctx (no GPU needed).
+static void budget_compute(Budget *b, Model *m, int n_ctx) {
+    static Tensor *list[16 + MAX_LAYERS * 24];
+    size_t ctx = b->context, total = b->card_total, fr = b->card_free;
+    int measured = b->measured;
+    memset(b, 0, sizeof *b);
+    b->context = ctx; b->card_total = total; b->card_free = fr; b->measured = measured;
+    int n = gpu_weight_list(m, list);
+    for (int i = 0; i < n; i++) {
+        b->weights_by_type[list[i]->type] += ALIGN256(list[i]->nbytes);
+        b->weights += ALIGN256(list[i]->nbytes);
+        b->weight_elems += (double)list[i]->n_in * list[i]->n_out;
+    }
+    GpuState dry;
+    memset(&dry, 0, sizeof dry);
+    size_t arena = gpu_state_carve(&dry, &m->c, n_ctx, NULL);
+    b->kv = dry.kv_bytes;
+    b->state = ALIGN256(dry.state_bytes);
+    b->logits = ALIGN256(m->c.n_vocab * 4u);
+    b->scratch = arena - b->kv - b->state - b->logits;
+    b->staging = 2 * UPLOAD_CHUNK;
+}
+
+// Measure the card once the CUDA context exists; vram_limit > 0 caps its total.
+static void budget_measure(Budget *b, double vram_limit) {
+    size_t fr, total;
+    CUDA_CHECK(cudaMemGetInfo(&fr, &total));
+    b->context = total - fr;
+    b->card_total = total;
+    b->card_free = fr;
+    if (vram_limit > 0) {
+        if (vram_limit > (double)total)
+            fprintf(stderr, "note: --vram-limit %.2f GiB is more than the card's %.2f GiB; using the card's\n",
+                    vram_limit / 1073741824.0, total / 1073741824.0);
+        else {
+            b->card_total = (size_t)vram_limit;
+            b->card_free = b->card_total > b->context ? b->card_total - b->context : 0;
+        }
+    }
+    b->measured = 1;
+}
+
+static int budget_fits(const Budget *b) { return budget_need(b) <= b->card_free; }
+
+static void budget_print(const Budget *b, const Model *m, int n_ctx, double vram_limit, FILE *f) {
+    const double G = 1073741824.0;
+    const Config *c = &m->c;
+    char label[96];
+    fprintf(f, "VRAM budget for -c %d (GiB):\n", n_ctx);
+#define LINE(value, ...) (snprintf(label, sizeof label, __VA_ARGS__), fprintf(f, "  %-52s %8.3f\n", label, (value) / G))
+    for (int t = 0; t < GGML_TYPE_COUNT; t++)
+        if (b->weights_by_type[t]) LINE(b->weights_by_type[t], "weights %s", type_name(t));
+    LINE(b->kv, "KV cache: %d attention layers x %d tokens, fp16", c->n_kv_layers, n_ctx);
+    if (c->n_gdn_layers) LINE(b->state, "DeltaNet state: %d layers, fp32", c->n_gdn_layers);
+    LINE(b->scratch, "activations and attention scratch");
+    LINE(b->logits, "logits");
+    LINE(b->staging, "upload staging (freed after the load)");
+    if (b->measured) {
+        LINE(b->context, "CUDA context + others on the card (measured)");
+        fprintf(f, "  %-52s %8.3f of %.3f%s: %s\n", "total", (budget_need(b) + b->context) / G, b->card_total / G,
+                vram_limit > 0 ? " (--vram-limit)" : "", budget_fits(b) ? "fits" : "DOES NOT FIT");
+    } else {
+        fprintf(f, "  %-52s %8.3f (without the CUDA context: no GPU here to compare with)\n", "total",
+                budget_need(b) / G);
+    }
+#undef LINE
+}
+
+// The numbers a user needs when it does not fit: the largest context that fits with this file, and
+// the bits per weight the weights would have to average to fit at the asked context.
+typedef struct {
+    int max_ctx;    // 0: not even -c 1 fits
+    double bpw;     // this file's weights, bits per weight
+    double bpw_fit; // the most they may average to fit at n_ctx
+} FitHint;
+
+static FitHint budget_hint(const Budget *b, Model *m, int n_ctx) {
+    FitHint h;
+    int lo = 0, hi = n_ctx;
+    Budget t = *b;
+    while (lo < hi) { // the budget grows with the context: bisect
+        int mid = (lo + hi + 1) / 2;
+        budget_compute(&t, m, mid);
+        if (budget_fits(&t)) lo = mid; else hi = mid - 1;
+    }
+    h.max_ctx = lo;
+    h.bpw = 8.0 * b->weights / b->weight_elems;
+    double room = (double)b->card_free - (double)(budget_need(b) - b->weights); // left for the weights
+    h.bpw_fit = room > 0 ? 8.0 * room / b->weight_elems : 0.0;
+    return h;
+}
+
+static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_limit, FILE *f) {
+    const double G = 1073741824.0;
+    budget_print(b, m, n_ctx, vram_limit, f);
+    FitHint h = budget_hint(b, m, n_ctx);
+    fprintf(f, "error: the model needs %.2f GiB on top of the CUDA context but only %.2f GiB are free%s; qwen.cu keeps "
+            "every layer on the GPU, so it stops here (no weight was loaded)\n",
+            budget_need(b) / G, b->card_free / G, vram_limit > 0 ? " under --vram-limit" : "");
+    if (h.max_ctx >= 1) fprintf(f, "hint: with this file, the largest context that fits is -c %d\n", h.max_ctx);
+    else fprintf(f, "hint: with this file not even -c 1 fits: the weights alone are %.2f GiB\n", b->weights / G);
+    fprintf(f, "hint: this file's weights average %.2f bits/weight; to fit with -c %d they must average at most %.2f "
+            "(IQ4_XS is 4.25, Q4_0 4.5; below 4.25 needs a smaller quantization than qwen.cu supports)\n",
+            h.bpw, n_ctx, h.bpw_fit);
+}
+
 // Copy every weight the GPU needs into one device allocation, through a pinned staging buffer
 // (two halves, so reading the file overlaps the copy to the card). The four fast types are copied
 // into a device staging buffer first and rewritten there into their plane layout (repack_kernel).
 // Host memory stays bounded by the staging buffer: the mapped file is never copied whole.
 static void upload_weights(Model *m, GpuState *s) {
-    static Tensor *list[16 + MAX_LAYERS * 16];
+    static Tensor *list[16 + MAX_LAYERS * 24];
     int n = gpu_weight_list(m, list);
     size_t total = 0;
     for (int i = 0; i < n; i++) total += ALIGN256(list[i]->nbytes);
     CUDA_CHECK(cudaMalloc(&s->weights, total));
     s->weight_bytes = total;
 
-    const size_t chunk = 32u << 20; // a multiple of every block size: 18, 136, 176, 210 -> see below
+    const size_t chunk = UPLOAD_CHUNK;
     uint8_t *stage, *dev_stage[2];
     CUDA_CHECK(cudaMallocHost((void **)&stage, 2 * chunk));
     CUDA_CHECK(cudaMalloc((void **)&dev_stage[0], 2 * chunk));
@@ -2557,10 +2816,14 @@ static void upload_weights(Model *m, GpuState *s) {
         if (t == &m->w.output && m->w.output.host == m->w.token_embd.host) m->w.token_embd.dev = t->dev;
     }
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    size_t fr, tot;
+    CUDA_CHECK(cudaMemGetInfo(&fr, &tot)); // the peak: weights, run state and staging all allocated
+    s->peak_used = tot - fr;
     double dt = now_sec() - t0;
     if (show) fprintf(stderr, "\r");
-    fprintf(stderr, "loaded %.2f GB of weights to the GPU in %.2f s (%.2f GB/s)\n", copied / 1e9, dt,
-            copied / 1e9 / (dt + 1e-9));
+    if (g_verbose)
+        fprintf(stderr, "loaded %.2f GB of weights to the GPU in %.2f s (%.2f GB/s)\n", copied / 1e9, dt,
+                copied / 1e9 / (dt + 1e-9));
     cudaEventDestroy(done[0]);
     cudaEventDestroy(done[1]);
     CUDA_CHECK(cudaFreeHost(stage));
@@ -2568,7 +2831,6 @@ static void upload_weights(Model *m, GpuState *s) {
 }
 
 // Carve an Act of n values (plus its 16-bit copy when n is a multiple of 32) out of the arena.
-static size_t act_bytes(int n) { return ALIGN256(n * 4u) + (n % 32 ? 0 : ALIGN256(n / 32 * 64u) + 2 * ALIGN256(n / 32 * 4u)); }
 static Act act_carve(uint8_t **p, int n) {
     Act a;
     memset(&a, 0, sizeof a);
@@ -2585,21 +2847,17 @@ static Act act_carve(uint8_t **p, int n) {
     return a;
 }
 
-static void gpu_state_init(GpuState *s, const Config *c, int n_ctx) {
-    memset(s, 0, sizeof *s);
-    s->n_ctx = n_ctx;
-    s->n_split = (n_ctx + att_chunk(c->head_dim) - 1) / att_chunk(c->head_dim);
-    attention_setup(c->n_head, c->n_head_kv, c->head_dim);
+
+// Lay the run state out from base: every buffer 256-byte aligned. Returns the bytes used; with
+// base == NULL it only measures (the VRAM budget uses that, before anything is allocated). Also
+// fills s->kv_bytes and s->state_bytes.
+static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *base) {
     size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
     size_t cache = (size_t)c->n_kv_layers * n_ctx * kvdim; // elements per cache
-    size_t total = ALIGN256(c->n_embd * 4u) + act_bytes(c->n_embd) + ALIGN256(qdim * 4) + 2 * ALIGN256(kvdim * 4) +
-                   act_bytes((int)qdim) + ALIGN256(qdim * s->n_split * 4) + ALIGN256((size_t)c->n_head * s->n_split * 8) +
-                   act_bytes(c->n_ff) + ALIGN256(c->n_ff * 4u) + ALIGN256(c->n_ff / 32 * 4u + 4) + ALIGN256(c->n_head_kv * 4u) + ALIGN256(c->n_vocab * 4u) +
-                   2 * ALIGN256(cache * 2) + 256;
-    CUDA_CHECK(cudaMalloc(&s->arena, total));
-    CUDA_CHECK(cudaMemset(s->arena, 0, total));
-    s->arena_bytes = total;
-    uint8_t *p = (uint8_t *)s->arena;
+    size_t conv_dim = gdn_conv_dim(c), vdim = (size_t)c->ssm_inner, Hv = (size_t)c->ssm_v_heads, S = (size_t)c->ssm_state;
+    size_t conv_bytes = (size_t)c->n_gdn_layers * 3 * conv_dim * 4, ssm_bytes = (size_t)c->n_gdn_layers * Hv * S * S * 4;
+    int n_split = (n_ctx + att_chunk(c->head_dim) - 1) / att_chunk(c->head_dim);
+    uint8_t *p = base;
 #define CARVE(ptr, type, bytes) (ptr = (type)p, p += ALIGN256(bytes))
     CARVE(s->x, float *, c->n_embd * 4u);
     s->xb = act_carve(&p, c->n_embd);
@@ -2607,18 +2865,45 @@ static void gpu_state_init(GpuState *s, const Config *c, int n_ctx) {
     CARVE(s->k, float *, kvdim * 4);
     CARVE(s->v, float *, kvdim * 4);
     s->att_out = act_carve(&p, (int)qdim);
-    CARVE(s->part_o, float *, qdim * s->n_split * 4);
-    CARVE(s->part_ml, float *, (size_t)c->n_head * s->n_split * 8);
+    CARVE(s->part_o, float *, qdim * n_split * 4);
+    CARVE(s->part_ml, float *, (size_t)c->n_head * n_split * 8);
     s->hb = act_carve(&p, c->n_ff);
     CARVE(s->hb2, float *, c->n_ff * 4u);
     CARVE(s->group_done, int *, c->n_ff / 32 * 4u + 4);
     CARVE(s->kv_done, int *, c->n_head_kv * 4u);
+    CARVE(s->pos, int *, 4);
+    if (c->arch == ARCH_QWEN35) CARVE(s->qg, float *, 2 * qdim * 4);
+    if (c->n_gdn_layers) {
+        CARVE(s->gdn_mixed, float *, conv_dim * 4);
+        CARVE(s->gdn_z, float *, vdim * 4);
+        CARVE(s->gdn_raw, float *, vdim * 4);
+        CARVE(s->gdn_beta, float *, Hv * 4);
+        CARVE(s->gdn_alpha, float *, Hv * 4);
+        CARVE(s->gdn_gb, float *, 2 * Hv * 4);
+        s->gdn_out = act_carve(&p, (int)vdim);
+        s->conv_state = (float *)p; // the two states back to back, so one memset clears both
+        s->ssm_state = (float *)(p + conv_bytes);
+        p += ALIGN256(conv_bytes + ssm_bytes);
+    }
     CARVE(s->logits, float *, c->n_vocab * 4u);
     CARVE(s->key_cache, __half *, cache * 2);
     CARVE(s->value_cache, __half *, cache * 2);
-    CARVE(s->pos, int *, 4);
 #undef CARVE
-    if ((size_t)(p - (uint8_t *)s->arena) > total) die("internal: run-state arena overflow");
+    s->kv_bytes = 2 * ALIGN256(cache * 2);
+    s->state_bytes = conv_bytes + ssm_bytes;
+    return (size_t)(p - base);
+}
+
+static void gpu_state_init(GpuState *s, const Config *c, int n_ctx) {
+    memset(s, 0, sizeof *s);
+    s->n_ctx = n_ctx;
+    s->n_split = (n_ctx + att_chunk(c->head_dim) - 1) / att_chunk(c->head_dim);
+    attention_setup(c->n_head, c->n_head_kv, c->head_dim);
+    size_t total = gpu_state_carve(s, c, n_ctx, NULL);
+    CUDA_CHECK(cudaMalloc(&s->arena, total));
+    CUDA_CHECK(cudaMemset(s->arena, 0, total));
+    s->arena_bytes = total;
+    gpu_state_carve(s, c, n_ctx, (uint8_t *)s->arena);
     CUDA_CHECK(cudaMallocHost((void **)&s->h_x, c->n_embd * 4u));
     CUDA_CHECK(cudaMallocHost((void **)&s->h_pos, 4));
     CUDA_CHECK(cudaMallocHost((void **)&s->h_logits, c->n_vocab * 4u));
@@ -2660,31 +2945,64 @@ static void prof_end(cudaStream_t st) {
 
 // The device work for one token, enqueued on the stream (captured into the graph, or run directly
 // when profiling). Inputs: s->x holds the embedding row, *s->pos the position. Output: s->logits.
+static void attention_block_gpu(const Model *m, GpuState *s, int l) {
+    const Config *c = &m->c;
+    const LayerWeights *L = &m->w.layers[l];
+    cudaStream_t st = s->stream;
+    int hd = c->head_dim, gated = c->arch == ARCH_QWEN35;
+    size_t kvdim = (size_t)c->n_head_kv * hd;
+    // qwen35's Wq yields [q | gate] per head into qg; the RoPE kernel gathers q out of it
+    float *qsrc = gated ? s->qg : s->q;
+    PROF("attn_qkv", L->wq.nbytes + L->wk.nbytes + L->wv.nbytes,
+         matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb, qsrc, s->k, s->v, st));
+    size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
+    __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
+    PROF("rope_kv_store", 0, (rope_and_kv_store_kernel<<<c->n_head + c->n_head_kv, 128, hd * 4, st>>>(
+             s->q, qsrc, gated ? 2 * hd : hd, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), kc, vc, s->pos, c->n_head,
+             c->n_head_kv, hd, c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
+    PROF("attention", 0, attention(s->q, kc, vc, s->part_o, s->part_ml, s->kv_done, &s->att_out, gated ? s->qg + hd : NULL,
+                                   2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st));
+    PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
+}
+
+static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
+    const Config *c = &m->c;
+    const LayerWeights *L = &m->w.layers[l];
+    cudaStream_t st = s->stream;
+    int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads;
+    size_t conv_dim = gdn_conv_dim(c), slot = (size_t)c->gdn_slot[l];
+    const Tensor *W[4] = {&L->wqkv, &L->wz, &L->w_beta, &L->w_alpha};
+    const float *nob[4] = {NULL, NULL, NULL, NULL};
+    float *y[4] = {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha};
+    PROF("gdn_proj", L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes,
+         matvec_batch(4, W, nob, y, &s->xb, st));
+    float *cs = s->conv_state + slot * 3 * conv_dim, *state = s->ssm_state + slot * Hv * S * S;
+    PROF("gdn_conv", 0, (gdn_conv_norm_kernel<<<2 * Hk + Hv, S, 0, st>>>(s->gdn_mixed, DEV(L->conv1d), cs, s->gdn_beta,
+                                                                       s->gdn_alpha, DEV(L->dt_bias), DEV(L->ssm_a),
+                                                                       s->gdn_gb, Hk, Hv, c->eps), KERNEL_CHECK()));
+    PROF("gdn_step", 8.0 * Hv * S * S, (gdn_step_kernel<<<dim3(Hv, (S + GDN_ROWS - 1) / GDN_ROWS), GDN_ROWS * WARP, 0, st>>>(
+                                           state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv), KERNEL_CHECK()));
+    PROF("gdn_norm", 0, (gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z, DEV(L->ssm_norm), c->eps),
+                         KERNEL_CHECK()));
+    PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
+}
+
+// The device work for one token, enqueued on the stream (captured into the graph, or run directly
+// when profiling). Inputs: s->x holds the embedding row, *s->pos the position. Output: s->logits.
 static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     const Config *c = &m->c;
     const Weights *w = &m->w;
     cudaStream_t st = s->stream;
-    int E = c->n_embd, hd = c->head_dim, g = c->n_head / c->n_head_kv;
-    size_t kvdim = (size_t)c->n_head_kv * hd;
-
+    int E = c->n_embd;
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
-        // attention block: x = x + Wo attn(rope(norm(x) Wq), rope(norm(x) Wk), norm(x) Wv)
         PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st));
-        PROF("attn_qkv", L->wq.nbytes + L->wk.nbytes + L->wv.nbytes,
-             matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb, s->q, s->k, s->v, st));
-        size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
-        __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
-        PROF("rope_kv_store", 0, (rope_and_kv_store_kernel<<<c->n_head + c->n_head_kv, 128, hd * 4, st>>>(
-                 s->q, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), kc, vc, s->pos, c->n_head, c->n_head_kv, hd,
-                 c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
-        PROF("attention", 0, attention(s->q, kc, vc, s->part_o, s->part_ml, s->kv_done, &s->att_out, s->pos, c->n_head,
-                                       c->n_head_kv, hd, s->n_split, st));
-        PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
-
+        if (c->kind[l] == LAYER_DELTANET) deltanet_block_gpu(m, s, l);
+        else attention_block_gpu(m, s, l);
         // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
         PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st));
-        PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes, ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, s->group_done, st));
+        PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes,
+             ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, s->group_done, st));
         PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
     }
     PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st));
@@ -2710,6 +3028,8 @@ static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
     if (pos >= s->n_ctx) die("position %d is past the context of %d tokens", pos, s->n_ctx);
     embed_token(m, token, s->h_x);
     *s->h_pos = pos;
+    if (pos == 0 && s->state_bytes) // a new sequence: clear the DeltaNet conv and recurrent states
+        CUDA_CHECK(cudaMemsetAsync(s->conv_state, 0, s->state_bytes, s->stream));
     if (!s->graph) gpu_capture(m, s);
     CUDA_CHECK(cudaGraphLaunch(s->graph, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
@@ -2855,8 +3175,18 @@ static void engine_init(Engine *e, Model *m, int use_gpu, int n_ctx) {
     e->m = m;
     e->use_gpu = use_gpu;
     if (use_gpu) {
+        Budget b;
+        memset(&b, 0, sizeof b);
+        budget_measure(&b, g_vram_limit); // creates the CUDA context first
+        budget_compute(&b, m, n_ctx);
+        if (!budget_fits(&b)) {
+            budget_refusal(&b, m, n_ctx, g_vram_limit, stderr);
+            exit(1);
+        }
+        if (g_verbose) budget_print(&b, m, n_ctx, g_vram_limit, stderr);
         gpu_state_init(&e->gpu, &m->c, n_ctx);
         upload_weights(m, &e->gpu);
+        gpu_capture(m, &e->gpu); // the graph's memory too is taken before the first token
     } else {
         cpu_state_init(&e->cpu, &m->c, n_ctx);
     }
@@ -2878,11 +3208,12 @@ static float *engine_forward(Engine *e, int token, int pos) {
     return e->cpu.logits;
 }
 
-// Bytes the GPU reads to produce one token at context length n_past: every uploaded weight once,
-// plus the K and V cache rows of every attention layer.
+// Bytes the GPU moves to produce one token at context length n_past: every uploaded weight once,
+// the K and V cache rows of every attention layer, the DeltaNet states read and written.
 static double bytes_per_token(const Engine *e, double n_past) {
     const Config *c = &e->m->c;
-    return (double)e->gpu.weight_bytes + 2.0 * c->n_kv_layers * n_past * c->n_head_kv * c->head_dim * sizeof(__half);
+    return (double)e->gpu.weight_bytes + 2.0 * c->n_kv_layers * n_past * c->n_head_kv * c->head_dim * sizeof(__half) +
+           2.0 * e->gpu.state_bytes;
 }
 
 // Parse "1,2,3" into ids; returns the count.
@@ -2979,7 +3310,9 @@ static void run_bench(Model *m, int n_ctx) {
         float ms;
         CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         ms /= reps;
-        double bytes = (double)s.weight_bytes + 2.0 * m->c.n_kv_layers * (ctxs[ci] + 1) * m->c.n_head_kv * m->c.head_dim * 2;
+        // weights once, the K and V rows of every attention layer, the DeltaNet states read and written
+        double bytes = (double)s.weight_bytes + 2.0 * m->c.n_kv_layers * (ctxs[ci] + 1) * m->c.n_head_kv * m->c.head_dim * 2 +
+                       2.0 * s.state_bytes;
         double bw = bytes / (ms * 1e-3);
         printf("  %7d  %8.3f GB  %9.3f  %7.1f  %7.0f   %5.1f %%\n", ctxs[ci], bytes / 1e9, ms, 1e3 / ms, bw / 1e9,
                100.0 * bw / copy_bw);
@@ -3024,6 +3357,92 @@ static void run_bench(Model *m, int n_ctx) {
     gpu_state_free(&s);
 }
 
+// "15.5G" -> bytes (K, M, G, T: powers of 1024; "GiB" and "GB" spellings accepted as the same)
+static double parse_size(const char *arg) {
+    char *end;
+    double v = strtod(arg, &end);
+    if (end == arg || v <= 0) return -1;
+    double mul = 1;
+    switch (toupper((unsigned char)*end)) {
+    case 'K': mul = 1024.0; end++; break;
+    case 'M': mul = 1048576.0; end++; break;
+    case 'G': mul = 1073741824.0; end++; break;
+    case 'T': mul = 1099511627776.0; end++; break;
+    }
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'B' || *end == 'b') end++;
+    return *end ? -1 : v * mul;
+}
+
+// qwen --info: the file's metadata, its tensors and the VRAM budget, without generating.
+static void print_info(Model *m, int n_ctx) {
+    const GGUF *g = &m->gguf;
+    printf("GGUF v%u, %lld metadata keys, %lld tensors, alignment %u, data at byte %zu\n\n", g->version,
+           (long long)g->n_kv, (long long)g->n_tensors, g->alignment, g->data_offset);
+    for (int64_t i = 0; i < g->n_kv; i++) {
+        const GGUFKV *kv = &g->kv[i];
+        printf("  %-44s %-4s ", kv->key, GGUF_TYPE_NAME[kv->type]);
+        if (kv->type == GGUF_TYPE_STRING) {
+            printf("\"%.*s\"%s\n", (int)(kv->n < 80 ? kv->n : 80), (const char *)kv->data, kv->n > 80 ? "..." : "");
+        } else if (kv->type == GGUF_TYPE_ARRAY) {
+            printf("[%llu x %s]", (unsigned long long)kv->n, GGUF_TYPE_NAME[kv->arr_type]);
+            if (kv->arr_type == GGUF_TYPE_STRING) {
+                const uint8_t *p = kv->data;
+                for (uint64_t j = 0; j < kv->n && j < 4; j++) {
+                    uint64_t len;
+                    const char *str = gguf_next_str(&p, &len);
+                    printf(" \"%.*s\"", (int)(len < 20 ? len : 20), str);
+                }
+            } else if (kv->arr_type == GGUF_TYPE_I32 || kv->arr_type == GGUF_TYPE_U32) {
+                for (uint64_t j = 0; j < kv->n && j < 8; j++) {
+                    int32_t v;
+                    memcpy(&v, kv->data + 4 * j, 4);
+                    printf(" %d", v);
+                }
+            }
+            printf("%s\n", kv->n > 8 ? " ..." : "");
+        } else {
+            uint64_t u = 0;
+            memcpy(&u, kv->data, GGUF_TYPE_SIZE[kv->type]);
+            switch (kv->type) {
+            case GGUF_TYPE_F32: { float f; memcpy(&f, kv->data, 4); printf("%g\n", f); break; }
+            case GGUF_TYPE_F64: { double d; memcpy(&d, kv->data, 8); printf("%g\n", d); break; }
+            case GGUF_TYPE_I8: printf("%d\n", (int8_t)u); break;
+            case GGUF_TYPE_I16: printf("%d\n", (int16_t)u); break;
+            case GGUF_TYPE_I32: printf("%d\n", (int32_t)u); break;
+            case GGUF_TYPE_I64: printf("%lld\n", (long long)u); break;
+            case GGUF_TYPE_BOOL: printf("%s\n", u ? "true" : "false"); break;
+            default: printf("%llu\n", (unsigned long long)u); break;
+            }
+        }
+    }
+    printf("\n  %-40s %-8s %-26s %12s\n", "tensor", "type", "shape", "MiB");
+    double total = 0;
+    for (int64_t i = 0; i < g->n_tensors; i++) {
+        const GGUFTensor *t = &g->tensors[i];
+        char shape[64];
+        int n = snprintf(shape, sizeof shape, "{%lld", (long long)t->ne[0]);
+        for (int d = 1; d < t->n_dims; d++) n += snprintf(shape + n, sizeof shape - n, ", %lld", (long long)t->ne[d]);
+        snprintf(shape + n, sizeof shape - n, "}");
+        printf("  %-40s %-8s %-26s %12.3f\n", t->name, type_name(t->type), shape, t->nbytes / 1048576.0);
+        total += t->nbytes;
+    }
+    const Config *c = &m->c;
+    printf("  %-40s %-8s %-26s %12.3f\n\n", "total", "", "", total / 1048576.0);
+    printf("%s: %d layers (%d attention, %d Gated DeltaNet), n_embd %d, n_ff %d, %d/%d heads x %d, RoPE %d dims base %g, "
+           "vocab %d, trained context %d\n\n", c->arch_name, c->n_layer, c->n_kv_layers, c->n_gdn_layers, c->n_embd, c->n_ff,
+           c->n_head, c->n_head_kv, c->head_dim, c->n_rot, c->rope_base, c->n_vocab, c->n_ctx_train);
+    Budget b;
+    memset(&b, 0, sizeof b);
+    if (gpu_available()) budget_measure(&b, g_vram_limit);
+    budget_compute(&b, m, n_ctx);
+    budget_print(&b, m, n_ctx, g_vram_limit, stdout);
+    if (b.measured && !budget_fits(&b)) {
+        FitHint h = budget_hint(&b, m, n_ctx);
+        printf("  largest context that fits: -c %d\n", h.max_ctx);
+    }
+}
+
 #ifndef TESTING
 
 static void usage(void) {
@@ -3044,12 +3463,17 @@ static void usage(void) {
             "                    float32, [n_prompt_tokens][n_vocab], no header\n"
             "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
             "  --bench           measure decode speed at context 128 and 2048 against the GPU's copy bandwidth\n"
+            "  --info            print the file's metadata, tensors and the VRAM budget for -c, then exit\n"
+            "  --vram-limit SIZE behave as if the GPU had SIZE of memory (e.g. 15.5G: a 16 GB V100)\n"
             "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on the GPU)\n");
 }
 
 int main(int argc, char **argv) {
+    // Load every kernel when the CUDA context is created, so that the context's memory, which the
+    // VRAM budget measures, already includes them (the default loads them lazily, later).
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *dump_path = NULL;
-    int n_predict = 256, n_ctx = 4096, n_batch = 512, use_cpu = 0, compat_note = 0, bench = 0;
+    int n_predict = 256, n_ctx = 4096, n_batch = 512, use_cpu = 0, compat_note = 0, bench = 0, info = 0;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
     int top_k = 40;
     long long seed = -1;
@@ -3071,6 +3495,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--dump-logits")) dump_path = NEXT();
         else if (!strcmp(a, "--cpu")) use_cpu = 1;
         else if (!strcmp(a, "--bench")) bench = 1;
+        else if (!strcmp(a, "--info")) info = 1;
+        else if (!strcmp(a, "--vram-limit")) {
+            const char *v = NEXT();
+            if ((g_vram_limit = parse_size(v)) <= 0) die("--vram-limit '%s': expected a size such as 15.5G or 900M", v);
+        }
         else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-t") || !strcmp(a, "--threads")) {
             (void)NEXT();
             compat_note = 1;
@@ -3097,6 +3526,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "model: %s, %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d\n", c->arch_name, c->n_layer,
             c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff, c->n_vocab);
 
+    if (info) {
+        print_info(&m, n_ctx);
+        gguf_close(&m.gguf);
+        return 0;
+    }
     if (bench) {
         if (!gpu_available()) die("--bench needs a CUDA GPU");
         run_bench(&m, n_ctx);
@@ -3164,6 +3598,13 @@ int main(int argc, char **argv) {
         if (use_gpu)
             fprintf(stderr, "decode bandwidth = %.1f GB/s (%.1f MB read per token)\n", bytes / t_gen / 1e9,
                     bytes / n_eval / 1e6);
+    }
+    if (use_gpu) {
+        size_t fr, tot;
+        CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+        fprintf(stderr, "device memory in use on the card (cudaMemGetInfo): %.3f GiB at the end of the load (the peak), "
+                "%.3f GiB now%s\n", e.gpu.peak_used / 1073741824.0, (tot - fr) / 1073741824.0,
+                g_vram_limit > 0 ? (e.gpu.peak_used <= g_vram_limit ? ", within --vram-limit" : ", OVER --vram-limit") : "");
     }
     engine_free(&e);
     tokenizer_free(&tok);

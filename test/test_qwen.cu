@@ -596,6 +596,14 @@ static void test_models(int use_gpu) {
                 report(r.ok && r.kl_mean <= tol, name, r.ok ? r.kl_mean : NAN, tol);
             }
         }
+        // nothing is allocated in the token loop: free device memory before and after 40 tokens
+        if (use_gpu && i == 0) {
+            size_t f0, f1, tot;
+            CUDA_CHECK(cudaMemGetInfo(&f0, &tot));
+            for (int t = 0; t < 40; t++) engine_forward(&e, 1 + t, t);
+            CUDA_CHECK(cudaMemGetInfo(&f1, &tot));
+            report(f0 == f1, "gpu: no device memory allocated in the token loop (40 tokens): bytes", (double)f0 - (double)f1, 0);
+        }
         // greedy continuation after seq-text: required for f32 files, reported for the others
         int ref32[64], got[64];
         int nref = greedy_ref(mf[i].model, mf[i].type, ref32);
@@ -718,6 +726,7 @@ static void test_cli(void) {
         {"not a GGUF file", "-m Makefile --cpu --tokens 1", "not a GGUF file"},
         {"bad top-p", M "--cpu --tokens 1 --top-p 0", "top-p"},
         {"option without its value", M "--cpu --tokens", "needs a value"},
+        {"bad --vram-limit", M "--vram-limit 15.5X --tokens 1", "expected a size"},
     };
 #undef M
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -728,6 +737,13 @@ static void test_cli(void) {
         int good = rc == 1 && strstr(out, cases[i].expect) && !strstr(out, "Segmentation");
         check(good, name);
         if (!good) printf("     rc=%d output: %.300s\n", rc, out);
+    }
+    // --info needs no GPU: metadata, tensor table, budget
+    {
+        snprintf(cmd, sizeof cmd, "%s -m test/data/tiny-qwen35/tiny-qwen35-q4_0.gguf --info -c 2048 2>&1", QWEN);
+        int rc = run_cmd(cmd, out, sizeof out);
+        check(rc == 0 && strstr(out, "qwen35.ssm.state_size") && strstr(out, "blk.0.ssm_conv1d.weight") &&
+              strstr(out, "VRAM budget for -c 2048") && strstr(out, "DeltaNet state: 3 layers"), "cli: --info prints metadata, tensors and the budget");
     }
     // a truncated model file
     {
@@ -757,6 +773,60 @@ static void test_cli(void) {
         int r1 = run_cmd(cmd, a, sizeof a), r2 = run_cmd(cmd, b, sizeof b);
         check(r1 == 0 && r2 == 0 && strcmp(a, b) == 0 && strlen(a) > 0, "cli: same seed, same output");
     }
+}
+
+// =================================================================================================
+// VRAM budget arithmetic and the refusal path (host only: the card is simulated)
+// =================================================================================================
+static void test_budget(void) {
+    const char *models[] = {"tiny-qwen3/tiny-qwen3-q4_0", "tiny-qwen3-tied/tiny-qwen3-tied-q6_k", "tiny-qwen35/tiny-qwen35-iq4_xs"};
+    for (int mi = 0; mi < 3; mi++) {
+        char path[300], name[200];
+        snprintf(path, sizeof path, "%s/%s.gguf", DATA, models[mi]);
+        Model m;
+        model_open(&m, path);
+        const Config *c = &m.c;
+        int n_ctx = 1000;
+        Budget b;
+        memset(&b, 0, sizeof b);
+        budget_compute(&b, &m, n_ctx);
+        // independent count from the file: every tensor but token_embd, unless the output is tied to it
+        size_t w = 0;
+        int tied = gguf_tensor(&m.gguf, "output.weight") == NULL;
+        for (int64_t i = 0; i < m.gguf.n_tensors; i++) {
+            const GGUFTensor *t = &m.gguf.tensors[i];
+            if (!strcmp(t->name, "token_embd.weight") && !tied) continue;
+            w += (t->nbytes + 255) / 256 * 256;
+        }
+        size_t kv = 2 * (((size_t)c->n_kv_layers * n_ctx * c->n_head_kv * c->head_dim * 2 + 255) / 256 * 256);
+        size_t conv_dim = (2 * (size_t)c->ssm_k_heads + c->ssm_v_heads) * c->ssm_state;
+        size_t st = ((size_t)c->n_gdn_layers * (3 * conv_dim + (size_t)c->ssm_v_heads * c->ssm_state * c->ssm_state) * 4 + 255) / 256 * 256;
+        snprintf(name, sizeof name, "budget %s: weights, KV cache, DeltaNet state match the file", models[mi]);
+        check(b.weights == w && b.kv == kv && b.state == st && b.logits == ((size_t)c->n_vocab * 4 + 255) / 256 * 256, name);
+        if (b.weights != w || b.kv != kv || b.state != st)
+            printf("     weights %zu vs %zu, kv %zu vs %zu, state %zu vs %zu\n", b.weights, w, b.kv, kv, b.state, st);
+        // a card 1 byte too small: refused, and the hinted context is the largest that fits
+        b.measured = 1;
+        b.context = 300u << 20;
+        b.card_free = budget_need(&b) - 1;
+        b.card_total = b.card_free + b.context;
+        FitHint h = budget_hint(&b, &m, n_ctx);
+        Budget at = b, above = b;
+        budget_compute(&at, &m, h.max_ctx);
+        budget_compute(&above, &m, h.max_ctx + 1);
+        snprintf(name, sizeof name, "budget %s: 1 byte short is refused; hint -c %d fits, -c %d does not", models[mi], h.max_ctx, h.max_ctx + 1);
+        check(!budget_fits(&b) && h.max_ctx < n_ctx && h.max_ctx > 0 && budget_fits(&at) && !budget_fits(&above), name);
+        char msg[8192];
+        FILE *f = fmemopen(msg, sizeof msg, "w");
+        budget_refusal(&b, &m, n_ctx, 15.5 * 1073741824.0, f);
+        fclose(f);
+        snprintf(name, sizeof name, "budget %s: the refusal names the sizes, the largest -c and the bits/weight", models[mi]);
+        check(strstr(msg, "DOES NOT FIT") && strstr(msg, "largest context that fits is -c") && strstr(msg, "bits/weight") &&
+              h.bpw > 3 && h.bpw_fit < h.bpw, name);
+        gguf_close(&m.gguf);
+    }
+    check(parse_size("15.5G") == 15.5 * 1073741824.0 && parse_size("900MiB") == 900.0 * 1048576 && parse_size("1x") < 0 &&
+          parse_size("-3G") < 0, "parse_size: 15.5G, 900MiB; rejects 1x and -3G");
 }
 
 // =================================================================================================
@@ -1065,7 +1135,7 @@ static void test_gpu_small_kernels(void) {
                            "gpu rope_and_kv_store (partial: 16 of 64 dims) vs rope_neox_c: q, k",
                            "gpu attention split+combine vs attention_c (g=3, hd=64)",
                            "gpu attention split+combine vs attention_c (g=8, hd=128)",
-                           "gpu attention split+combine vs attention_c (g=6, hd=256)",
+                           "gpu attention split+combine, sigmoid gate vs attention_c (g=6, hd=256)",
                            "gpu silu_mul_quant_kernel vs silu_c * u + quantize_block_c"};
     if (!HAVE_GPU) {
         for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) skip(names[i], "no GPU");
@@ -1122,8 +1192,9 @@ static void test_gpu_small_kernels(void) {
             CUDA_CHECK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(dv, v, sizeof v, cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
-            rope_and_kv_store_kernel<<<n_head + n_kv, 128, hd * 4>>>(dq, dk, dv, use_norm ? dqn : NULL, use_norm ? dkn : NULL,
-                                                                      kc, vc, dpos, n_head, n_kv, hd, n_rot, 1e6f, 1.0f, 1e-6f);
+            rope_and_kv_store_kernel<<<n_head + n_kv, 128, hd * 4>>>(dq, dq, hd, dk, dv, use_norm ? dqn : NULL,
+                                                                      use_norm ? dkn : NULL, kc, vc, dpos, n_head, n_kv, hd,
+                                                                      n_rot, 1e6f, 1.0f, 1e-6f);
             KERNEL_CHECK();
             __half hk[n_kv * hd], hv[n_kv * hd];
             CUDA_CHECK(cudaMemcpy(q, dq, sizeof q, cudaMemcpyDeviceToHost));
@@ -1143,7 +1214,10 @@ static void test_gpu_small_kernels(void) {
     // attention: a random fp16 cache; the C twin reads the same fp16 values widened to fp32
     const int cfg[3][3] = {{6, 2, 64}, {8, 1, 128}, {12, 2, 256}}; // n_head, n_kv, hd
     for (int ci = 0; ci < 3; ci++) {
-        int n_head = cfg[ci][0], n_kv = cfg[ci][1], hd = cfg[ci][2], n_ctx = 300;
+        int n_head = cfg[ci][0], n_kv = cfg[ci][1], hd = cfg[ci][2], n_ctx = 300, gated = ci == 2; // qwen35-like
+        float *gate = (float *)xmalloc((size_t)n_head * 2 * hd * 4);
+        for (int i = 0; i < n_head * 2 * hd; i++) gate[i] = nrand() * 2;
+        float *dgate = (float *)dcopy(gate, (size_t)n_head * 2 * hd * 4) + hd; // gate half of [q | gate]
         int n_split = (n_ctx + att_chunk(hd) - 1) / att_chunk(hd);
         attention_setup(n_head, n_kv, hd);
         size_t csz = (size_t)n_ctx * n_kv * hd;
@@ -1176,7 +1250,9 @@ static void test_gpu_small_kernels(void) {
             int pos = positions[pi];
             attention_c(ref, q, fk, fv, att, n_head, n_kv, hd, pos);
             CUDA_CHECK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
-            attention(dq, dk, dv, po, pml, kv_done, &o, dpos, n_head, n_kv, hd, n_split, 0);
+            attention(dq, dk, dv, po, pml, kv_done, &o, gated ? dgate : NULL, 2 * hd, dpos, n_head, n_kv, hd, n_split, 0);
+            if (gated)
+                for (int i = 0; i < n_head * hd; i++) ref[i] *= sigmoid_c(gate[(size_t)(i / hd) * 2 * hd + i % hd]);
             CUDA_CHECK(cudaMemcpy(out, o.f, n_head * hd * 4, cudaMemcpyDeviceToHost));
             for (int i = 0; i < n_head * hd; i++) e = fmax(e, fabs(out[i] - ref[i]));
             HostXQ gq = download_xq(o.q, n_head * hd), wq = quantize_host(out, n_head * hd);
@@ -1187,7 +1263,7 @@ static void test_gpu_small_kernels(void) {
         CUDA_CHECK(cudaMemcpy(counters, kv_done, n_kv * 4, cudaMemcpyDeviceToHost));
         same &= counters[0] == 0 && (n_kv < 2 || counters[1] == 0); // reset for the next token
         report(e <= 1e-4 && same, names[4 + ci], e, 1e-4);
-        free_hxq(&hz); free_xq(o.q); cudaFree(o.f); cudaFree(kv_done);
+        free_hxq(&hz); free_xq(o.q); cudaFree(o.f); cudaFree(kv_done); cudaFree(dgate - hd); free(gate);
         cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(po); cudaFree(pml); cudaFree(dpos);
         free(hk); free(hv); free(fk); free(fv); free(q); free(out); free(ref);
     }
@@ -1211,10 +1287,92 @@ static void test_gpu_small_kernels(void) {
         free_hxq(&hz); free_hxq(&gq); free_hxq(&wq); free_xq(h.q); cudaFree(h.f); cudaFree(db);
     }
 }
+// Gated DeltaNet kernels against their C twins, over several tokens so the states carry over
+static void test_gpu_deltanet(void) {
+    const int cfgs[2][3] = {{64, 2, 4}, {128, 4, 12}}; // S, Hk, Hv (the tiny fixture; the 27B's S)
+    for (int ci = 0; ci < 2; ci++) {
+        int S = cfgs[ci][0], Hk = cfgs[ci][1], Hv = cfgs[ci][2], conv_dim = (2 * Hk + Hv) * S, steps = 6;
+        char n1[160], n2[160], n3[160];
+        snprintf(n1, sizeof n1, "gpu gdn_conv_norm (S=%d, Hk=%d, Hv=%d, %d steps) vs gdn_conv_c + l2norm_c: y, conv state", S, Hk, Hv, steps);
+        snprintf(n2, sizeof n2, "gpu gdn_step (S=%d, %d steps) vs gdn_step_c: outputs and state", S, steps);
+        snprintf(n3, sizeof n3, "gpu gdn_norm_gate (S=%d) vs gated_rmsnorm_c + quantize_block_c", S);
+        if (!HAVE_GPU) { skip(n1, "no GPU"); skip(n2, "no GPU"); skip(n3, "no GPU"); continue; }
+        float *w = (float *)xmalloc(conv_dim * 16), *cs = (float *)xcalloc(3 * conv_dim, 4), *mixed = (float *)xmalloc(conv_dim * 4);
+        float *y = (float *)xmalloc(conv_dim * 4), *got = (float *)xmalloc(conv_dim * 4);
+        float braw[64], araw[64], dtb[64], a[64], gb[128], ggb[128];
+        float *M = (float *)xcalloc((size_t)Hv * S * S, 4), *o = (float *)xmalloc(Hv * S * 4), *og = (float *)xmalloc(Hv * S * 4);
+        float *Mg = (float *)xmalloc((size_t)Hv * S * S * 4), *z = (float *)xmalloc(Hv * S * 4), nw[256];
+        for (int i = 0; i < conv_dim * 4; i++) w[i] = nrand() * 0.3f;
+        for (int i = 0; i < S; i++) nw[i] = 1 + nrand() * 0.1f;
+        for (int h = 0; h < Hv; h++) { dtb[h] = nrand(); a[h] = -expf(urand() * 3 - 1); }
+        float *dw = (float *)dcopy(w, conv_dim * 16), *dcs = (float *)dcopy(cs, 3 * conv_dim * 4);
+        float *dmixed, *dgb, *dM = (float *)dcopy(M, (size_t)Hv * S * S * 4), *dO, *dz, *dnw = (float *)dcopy(nw, S * 4);
+        float *dbraw, *daraw, *ddtb = (float *)dcopy(dtb, Hv * 4), *da = (float *)dcopy(a, Hv * 4);
+        CUDA_CHECK(cudaMalloc(&dmixed, conv_dim * 4)); CUDA_CHECK(cudaMalloc(&dgb, 2 * Hv * 4));
+        CUDA_CHECK(cudaMalloc(&dO, Hv * S * 4)); CUDA_CHECK(cudaMalloc(&dz, Hv * S * 4));
+        CUDA_CHECK(cudaMalloc(&dbraw, Hv * 4)); CUDA_CHECK(cudaMalloc(&daraw, Hv * 4));
+        double e1 = 0, e2 = 0, e3 = 0;
+        int same_q = 1;
+        for (int step = 0; step < steps; step++) {
+            for (int i = 0; i < conv_dim; i++) mixed[i] = nrand();
+            for (int h = 0; h < Hv; h++) { braw[h] = nrand(); araw[h] = nrand(); }
+            for (int i = 0; i < Hv * S; i++) z[i] = nrand();
+            CUDA_CHECK(cudaMemcpy(dmixed, mixed, conv_dim * 4, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(dbraw, braw, Hv * 4, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(daraw, araw, Hv * 4, cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpy(dz, z, Hv * S * 4, cudaMemcpyHostToDevice));
+            // C: conv, norms, gates, delta rule, gated norm
+            gdn_conv_c(y, mixed, w, cs, conv_dim);
+            for (int h = 0; h < 2 * Hk; h++) l2norm_c(y + h * S, S, 1e-6f);
+            for (int h = 0; h < Hv; h++) { gb[h] = softplus_c(araw[h] + dtb[h]) * a[h]; gb[Hv + h] = sigmoid_c(braw[h]); }
+            for (int h = 0; h < Hv; h++)
+                gdn_step_c(M + (size_t)h * S * S, y + (h % Hk) * S, y + (Hk + h % Hk) * S, y + (2 * Hk + h) * S, gb[h],
+                           gb[Hv + h], o + h * S, S);
+            // GPU
+            gdn_conv_norm_kernel<<<2 * Hk + Hv, S>>>(dmixed, dw, dcs, dbraw, daraw, ddtb, da, dgb, Hk, Hv, 1e-6f);
+            gdn_step_kernel<<<dim3(Hv, (S + GDN_ROWS - 1) / GDN_ROWS), GDN_ROWS * WARP>>>(dM, dmixed, dgb, dO, S, Hk, Hv);
+            KERNEL_CHECK();
+            CUDA_CHECK(cudaMemcpy(got, dmixed, conv_dim * 4, cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(ggb, dgb, 2 * Hv * 4, cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(og, dO, Hv * S * 4, cudaMemcpyDeviceToHost));
+            for (int i = 0; i < conv_dim; i++) e1 = fmax(e1, fabs(got[i] - y[i]) / (fabs(y[i]) + 1e-2));
+            for (int i = 0; i < 2 * Hv; i++) e1 = fmax(e1, fabs(ggb[i] - gb[i]) / (fabs(gb[i]) + 1e-2));
+            for (int i = 0; i < Hv * S; i++) e2 = fmax(e2, fabs(og[i] - o[i]) / (fabs(o[i]) + 1e-2));
+            // gated norm + quantize on this step's output
+            HostXQ hz = quantize_host(o, Hv * S);
+            Act out;
+            out.f = (float *)dcopy(o, Hv * S * 4);
+            out.q = upload_xq(&hz);
+            gdn_norm_gate_kernel<<<Hv, S>>>(out, dO, dz, dnw, 1e-6f);
+            KERNEL_CHECK();
+            float *ref = (float *)xmalloc(Hv * S * 4), *gn = (float *)xmalloc(Hv * S * 4);
+            for (int h = 0; h < Hv; h++) { memcpy(ref + h * S, og + h * S, S * 4); gated_rmsnorm_c(ref + h * S, z + h * S, nw, S, 1e-6f); }
+            CUDA_CHECK(cudaMemcpy(gn, out.f, Hv * S * 4, cudaMemcpyDeviceToHost));
+            for (int i = 0; i < Hv * S; i++) e3 = fmax(e3, fabs(gn[i] - ref[i]) / (fabs(ref[i]) + 1e-2));
+            HostXQ gq = download_xq(out.q, Hv * S), wq = quantize_host(gn, Hv * S);
+            same_q &= same_xq(&gq, &wq);
+            free_hxq(&hz); free_hxq(&gq); free_hxq(&wq); free_xq(out.q); cudaFree(out.f); free(ref); free(gn);
+        }
+        float *gcs = (float *)xmalloc(3 * conv_dim * 4);
+        CUDA_CHECK(cudaMemcpy(gcs, dcs, 3 * conv_dim * 4, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(Mg, dM, (size_t)Hv * S * S * 4, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 3 * conv_dim; i++) e1 = fmax(e1, fabs(gcs[i] - cs[i])); // exact copies of inputs
+        for (size_t i = 0; i < (size_t)Hv * S * S; i++) e2 = fmax(e2, fabs(Mg[i] - M[i]) / (fabs(M[i]) + 1e-2));
+        report(e1 <= 1e-5, n1, e1, 1e-5);
+        report(e2 <= 1e-4, n2, e2, 1e-4);
+        report(e3 <= 1e-4 && same_q, n3, e3, 1e-4);
+        free(gcs); free(w); free(cs); free(mixed); free(y); free(got); free(M); free(o); free(og); free(Mg); free(z);
+        cudaFree(dw); cudaFree(dcs); cudaFree(dmixed); cudaFree(dgb); cudaFree(dM); cudaFree(dO); cudaFree(dz);
+        cudaFree(dnw); cudaFree(dbraw); cudaFree(daraw); cudaFree(ddtb); cudaFree(da);
+    }
+}
+
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
     if (getenv("QWEN_TEST_DATA")) DATA = getenv("QWEN_TEST_DATA");
     if (getenv("QWEN_BIN")) QWEN = getenv("QWEN_BIN");
+    g_verbose = 0;
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     int gpu = HAVE_GPU = gpu_available();
     if (gpu) {
         cudaDeviceProp p;
@@ -1230,6 +1388,7 @@ int main(int argc, char **argv) {
     test_dequantizers();
     test_sampler();
     test_cli();
+    test_budget();
     test_models(0);
 
     test_gpu_quantize();
@@ -1237,6 +1396,7 @@ int main(int argc, char **argv) {
     test_gpu_gate_up();
     test_gpu_qkv_batch();
     test_gpu_small_kernels();
+    test_gpu_deltanet();
     test_models(1);
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;
