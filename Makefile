@@ -51,11 +51,11 @@ SUFFIX ?=
 
 all: qwen$(SUFFIX)
 
-qwen$(SUFFIX): qwen.cu tokenizer.c
+qwen$(SUFFIX): qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(NVFLAGS) -o $@ qwen.cu $(LDLIBS)
 
 # the tests #include qwen.cu with TESTING defined (no main of its own)
-test/test_qwen$(SUFFIX): test/test_qwen.cu qwen.cu tokenizer.c
+test/test_qwen$(SUFFIX): test/test_qwen.cu test/gguf_write.h qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 
 test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
@@ -64,7 +64,7 @@ test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
 clean:
 	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70
 
-.PHONY: all test clean bench
+.PHONY: all test clean bench bench-tokenizer unicode-check
 
 # synthetic full-size models for benchmarks: test/gen_model --model qwen2.5-32b --ftype iq4_xs -o F.gguf
 test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
@@ -74,3 +74,15 @@ test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
 bench: qwen$(SUFFIX)
 	@test -n "$(MODEL)" || { echo "usage: make bench MODEL=model.gguf  (make one with test/gen_model)"; exit 1; }
 	./qwen$(SUFFIX) --bench -m $(MODEL)
+
+# tokenizer speed: ~1 MB of mixed text (the tokenizer test strings: English, code, CJK, Cyrillic,
+# Khmer, emoji, whitespace runs, repeated) through ./qwen --tokenize with the full Qwen2 vocabulary
+MIXED := /tmp/qwen-mixed-text.txt
+bench-tokenizer: qwen$(SUFFIX)
+	@rm -f $(MIXED); while [ $$(stat -c%s $(MIXED) 2>/dev/null || echo 0) -lt 1048576 ]; do \
+		cat test/data/tokenizer/ggml-vocab-qwen2.gguf.inp test/data/tokenizer/ggml-vocab-qwen35.gguf.inp >> $(MIXED); done
+	@for i in 1 2 3; do ./qwen$(SUFFIX) -m test/data/tokenizer/vocab-qwen2.gguf --tokenize -f $(MIXED) > /dev/null; done
+
+# unicode_tables.h is generated: check that it matches unicode_tables.py and the installed UCD
+unicode-check:
+	python3 unicode_tables.py | cmp - unicode_tables.h && echo "unicode_tables.h is up to date"

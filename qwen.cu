@@ -1084,13 +1084,18 @@ static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
 #undef VEC
 }
 
-// Open a model file: parse, read the config, find every weight. Exits with a message on any error.
-static void model_open(Model *m, const char *path) {
-    memset(m, 0, sizeof *m);
-    if (gguf_open(&m->gguf, path) != 0) die("%s", m->gguf.err);
+// Read the config and find every weight of an opened file. Exits with a message on any error.
+static void model_load(Model *m) {
     config_from_gguf(&m->c, &m->gguf);
     weights_from_gguf(&m->w, &m->c, &m->gguf);
     m->c.n_vocab = (int)m->w.token_embd.n_out;
+}
+
+// Open a model file: parse, read the config, find every weight.
+static void model_open(Model *m, const char *path) {
+    memset(m, 0, sizeof *m);
+    if (gguf_open(&m->gguf, path) != 0) die("%s", m->gguf.err);
+    model_load(m);
 }
 
 // One token's embedding, dequantized from the mapped file: x = token_embd[token, :].
@@ -3357,6 +3362,23 @@ static void run_bench(Model *m, int n_ctx) {
     gpu_state_free(&s);
 }
 
+// One line from stdin (without its newline), or NULL at end of input. Shows `prompt` first when
+// stdin is a terminal.
+static char *read_line_stdin(const char *prompt) {
+    if (prompt) { fputs(prompt, stderr); fflush(stderr); }
+    size_t cap = 256, n = 0;
+    char *s = (char *)xmalloc(cap);
+    int ch;
+    while ((ch = getchar()) != EOF && ch != '\n') {
+        if (n + 1 == cap && !(s = (char *)realloc(s, cap *= 2))) die("out of host memory");
+        s[n++] = (char)ch;
+    }
+    if (ch == EOF && n == 0) { free(s); return NULL; }
+    s[n] = 0;
+    return s;
+}
+static const char *interactive_prompt(void) { return isatty(0) ? "\n> " : NULL; }
+
 // "15.5G" -> bytes (K, M, G, T: powers of 1024; "GiB" and "GB" spellings accepted as the same)
 static double parse_size(const char *arg) {
     char *end;
@@ -3450,7 +3472,16 @@ static void usage(void) {
             "usage: qwen -m MODEL.gguf [options]\n"
             "  -m FILE           model file (GGUF: qwen2, qwen3)\n"
             "  -p TEXT           prompt text\n"
+            "  -f FILE           prompt text read from FILE, byte for byte\n"
             "  --tokens 1,2,3    prompt as raw token ids\n"
+            "  --chat, -cnv      chat: the prompt (or each line of stdin) becomes a user turn of Qwen's ChatML;\n"
+            "                    the KV cache is kept across turns\n"
+            "  --system TEXT     the system turn of the chat\n"
+            "  --no-think        Qwen3/3.5 chat without the thinking phase (an empty <think></think> block)\n"
+            "  --special         print control tokens such as <|im_end|>\n"
+            "  --no-parse-special  treat special-token text in the prompt as plain text\n"
+            "  --tokenize        print the prompt's token ids (comma-separated) and exit; needs no GPU\n"
+            "  --detokenize IDS  print the text of ids such as 9707,1879 and exit\n"
             "  -n N              tokens to generate (default 256)\n"
             "  -c N              context length: the KV cache is allocated for N tokens (default 4096)\n"
             "  -b N              prompt batch size (accepted; prompts are processed token by token)\n"
@@ -3472,7 +3503,9 @@ int main(int argc, char **argv) {
     // Load every kernel when the CUDA context is created, so that the context's memory, which the
     // VRAM budget measures, already includes them (the default loads them lazily, later).
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-    const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *dump_path = NULL;
+    const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *dump_path = NULL, *prompt_file = NULL;
+    const char *detok_arg = NULL, *system_prompt = NULL;
+    int tokenize = 0, chat = 0, no_think = 0, special = 0, parse_special = 1;
     int n_predict = 256, n_ctx = 4096, n_batch = 512, use_cpu = 0, compat_note = 0, bench = 0, info = 0;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
     int top_k = 40;
@@ -3484,6 +3517,14 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = NEXT();
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = NEXT();
         else if (!strcmp(a, "--tokens")) tokens_arg = NEXT();
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) prompt_file = NEXT();
+        else if (!strcmp(a, "--tokenize")) tokenize = 1;
+        else if (!strcmp(a, "--detokenize")) detok_arg = NEXT();
+        else if (!strcmp(a, "--chat") || !strcmp(a, "-cnv") || !strcmp(a, "--conversation")) chat = 1;
+        else if (!strcmp(a, "--system") || !strcmp(a, "-sys")) system_prompt = NEXT();
+        else if (!strcmp(a, "--no-think")) no_think = 1;
+        else if (!strcmp(a, "--special")) special = 1;
+        else if (!strcmp(a, "--no-parse-special")) parse_special = 0;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) n_predict = atoi(NEXT());
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) n_ctx = atoi(NEXT());
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) n_batch = atoi(NEXT());
@@ -3509,15 +3550,74 @@ int main(int argc, char **argv) {
     }
     if (!model_path) { usage(); die("no model given (-m FILE)"); }
     if (compat_note) fprintf(stderr, "note: -ngl/-t are accepted for compatibility; qwen.cu always runs the whole model on the GPU\n");
-    if (prompt && tokens_arg) die("give the prompt either as text (-p) or as ids (--tokens), not both");
+    if ((prompt != NULL) + (prompt_file != NULL) + (tokens_arg != NULL) > 1)
+        die("give the prompt one way: -p TEXT, -f FILE or --tokens IDS");
+    if (chat && tokens_arg) die("--chat builds its prompt from text: use -p or -f, not --tokens");
     if (n_ctx <= 0) die("-c %d: the context length must be positive", n_ctx);
     if (n_batch <= 0) die("-b %d: the batch size must be positive", n_batch);
     if (n_predict < 0) die("-n %d: must be >= 0", n_predict);
     if (top_p <= 0.0f || top_p > 1.0f) die("--top-p %g: must be in (0, 1]", top_p);
     if (seed < 0) seed = (long long)time(NULL);
 
+    // the prompt text, from -p or byte for byte from -f
+    size_t prompt_len = prompt ? strlen(prompt) : 0;
+    char *prompt_buf = NULL;
+    if (prompt_file) {
+        FILE *pf = fopen(prompt_file, "rb");
+        if (!pf) die("cannot open prompt file '%s': %s", prompt_file, strerror(errno));
+        size_t cap = 1 << 16;
+        prompt_buf = (char *)xmalloc(cap);
+        for (size_t got; (got = fread(prompt_buf + prompt_len, 1, cap - prompt_len - 1, pf)) > 0;) {
+            prompt_len += got;
+            if (prompt_len + 1 == cap && !(prompt_buf = (char *)realloc(prompt_buf, cap *= 2))) die("out of host memory");
+        }
+        if (ferror(pf)) die("reading '%s' failed", prompt_file);
+        fclose(pf);
+        prompt_buf[prompt_len] = 0;
+        prompt = prompt_buf;
+    }
+
     Model m;
-    model_open(&m, model_path);
+    memset(&m, 0, sizeof m);
+    double t_tok = now_sec(); // vocabulary load time: parsing the file + building the tokenizer
+    if (gguf_open(&m.gguf, model_path) != 0) die("%s", m.gguf.err);
+    Tokenizer tok;
+    char tok_err[300];
+    int have_tok = tokenizer_init(&tok, &m.gguf, 0, tok_err, sizeof tok_err) == 0;
+    t_tok = now_sec() - t_tok;
+
+    // --tokenize / --detokenize: the vocabulary alone (vocabulary-only files and no GPU are fine)
+    if (tokenize || detok_arg) {
+        if (!have_tok) die("%s: %s", model_path, tok_err);
+        if (detok_arg) {
+            int *dids, nd = parse_ids(detok_arg, &dids);
+            for (int i = 0; i < nd; i++)
+                if (dids[i] >= tok.n_vocab) die("--detokenize: id %d is outside the vocabulary (0..%d)", dids[i], tok.n_vocab - 1);
+            size_t len;
+            char *text = tokenizer_decode(&tok, dids, nd, 1, &len);
+            fwrite(text, 1, len, stdout);
+            printf("\n");
+            free(text);
+            free(dids);
+        } else {
+            if (!prompt) die("--tokenize needs the text: -p TEXT or -f FILE");
+            int *tids;
+            double t0 = now_sec();
+            int nt = tokenizer_encode(&tok, prompt, prompt_len, parse_special, &tids);
+            double dt = now_sec() - t0;
+            for (int i = 0; i < nt; i++) printf(i ? ",%d" : "%d", tids[i]);
+            printf("\n");
+            fprintf(stderr, "vocabulary: %d tokens loaded (file parsed, tokenizer built) in %.1f ms; tokenized %zu bytes into %d tokens in %.1f ms "
+                    "(%.2f MB/s)\n", tok.n_vocab, t_tok * 1e3, prompt_len, nt, dt * 1e3, prompt_len / 1e6 / (dt + 1e-12));
+            free(tids);
+        }
+        tokenizer_free(&tok);
+        gguf_close(&m.gguf);
+        free(prompt_buf);
+        return 0;
+    }
+
+    model_load(&m);
     const Config *c = &m.c;
     if (n_ctx > c->n_ctx_train) {
         fprintf(stderr, "note: -c %d is above the model's training context %d; using %d\n", n_ctx, c->n_ctx_train, c->n_ctx_train);
@@ -3537,15 +3637,23 @@ int main(int argc, char **argv) {
         gguf_close(&m.gguf);
         return 0;
     }
+    if (!have_tok && (prompt || chat)) die("%s: %s (pass the prompt as ids with --tokens)", model_path, tok_err);
+    if (!have_tok) fprintf(stderr, "note: %s; the output is printed as token ids\n", tok_err);
 
-    Tokenizer tok;
-    tokenizer_init(&tok, &m.gguf, c->n_vocab);
+    // the first prompt
     int *ids = NULL, n_prompt = 0;
     if (tokens_arg) n_prompt = parse_ids(tokens_arg, &ids);
-    else if (prompt) n_prompt = tokenizer_encode(&tok, prompt, strlen(prompt), &ids);
-    if (n_prompt == 0) die("empty prompt: give -p TEXT or --tokens IDS");
+    else if (chat) {
+        char *line = prompt ? NULL : read_line_stdin(interactive_prompt());
+        if (!prompt && !line) return 0;
+        char *turn = chat_turn(&tok, system_prompt, prompt ? prompt : line, 1, no_think);
+        n_prompt = tokenizer_encode(&tok, turn, strlen(turn), 1, &ids);
+        free(turn);
+        free(line);
+    } else if (prompt) n_prompt = tokenizer_encode(&tok, prompt, prompt_len, parse_special, &ids);
+    if (n_prompt == 0) die("empty prompt: give -p TEXT, -f FILE, --tokens IDS or --chat");
     for (int i = 0; i < n_prompt; i++)
-        if (ids[i] >= c->n_vocab) die("prompt token %d (id %d) is outside the vocabulary (0..%d)", i, ids[i], c->n_vocab - 1);
+        if (ids[i] < 0 || ids[i] >= c->n_vocab) die("prompt token %d (id %d) is outside the vocabulary (0..%d)", i, ids[i], c->n_vocab - 1);
     if (n_prompt > n_ctx) die("the prompt has %d tokens but the context is %d: raise -c", n_prompt, n_ctx);
 
     int use_gpu = !use_cpu;
@@ -3558,40 +3666,75 @@ int main(int argc, char **argv) {
 
     FILE *dump = NULL;
     if (dump_path && !(dump = fopen(dump_path, "wb"))) die("cannot write '%s': %s", dump_path, strerror(errno));
-
-    // prompt: one token at a time, logits of every position kept only for --dump-logits
-    double t0 = now_sec();
-    float *logits = NULL;
-    for (int i = 0; i < n_prompt; i++) {
-        logits = engine_forward(&e, ids[i], i);
-        if (dump && fwrite(logits, sizeof(float), c->n_vocab, dump) != (size_t)c->n_vocab)
-            die("writing '%s' failed", dump_path);
+    Stream out = {{0}, 0, stdout};
+    int pos = 0, n_prompt_total = 0, n_eval = 0, turn_no = 0;
+    double t_prompt = 0.0, t_gen = 0.0, bytes = 0.0;
+    for (;;) { // one turn: feed the prompt, then sample until end of generation or -n
+        if (pos + n_prompt > n_ctx) {
+            fprintf(stderr, "\nerror: the context is full (%d of %d tokens); restart with a larger -c\n", pos, n_ctx);
+            break;
+        }
+        double t0 = now_sec();
+        float *logits = NULL;
+        for (int i = 0; i < n_prompt; i++) {
+            logits = engine_forward(&e, ids[i], pos++);
+            if (dump && fwrite(logits, sizeof(float), c->n_vocab, dump) != (size_t)c->n_vocab)
+                die("writing '%s' failed", dump_path);
+        }
+        t_prompt += now_sec() - t0;
+        n_prompt_total += n_prompt;
+        if (dump) {
+            if (fclose(dump) != 0) die("writing '%s' failed", dump_path);
+            dump = NULL;
+        }
+        if (!chat) {
+            for (int i = 0; i < n_prompt; i++) have_tok ? stream_token(&out, &tok, ids[i], special) : (void)printf("%d ", ids[i]);
+            fflush(stdout);
+        }
+        int n_gen = 0;
+        while (n_gen < n_predict) {
+            int next = sample(&smp, logits);
+            n_gen++;
+            int eog = have_tok && tokenizer_is_eog(&tok, next);
+            if (have_tok) {
+                if (!eog || special) stream_token(&out, &tok, next, special);
+                fflush(stdout);
+            } else {
+                printf("%d ", next);
+            }
+            if (eog || n_gen == n_predict) break;
+            if (pos >= n_ctx) {
+                fprintf(stderr, "\n[context full: %d tokens]\n", n_ctx);
+                break;
+            }
+            double t1 = now_sec();
+            logits = engine_forward(&e, next, pos);
+            t_gen += now_sec() - t1;
+            if (use_gpu) bytes += bytes_per_token(&e, pos + 1);
+            pos++;
+            n_eval++;
+        }
+        stream_flush(&out);
+        printf("\n");
+        if (!chat) break;
+        // next turn: close this answer with <|im_end|>, then the user's next line
+        free(ids);
+        ids = NULL;
+        char *line = read_line_stdin(interactive_prompt());
+        if (!line) break;
+        char *turn = chat_turn(&tok, NULL, line, 0, no_think);
+        int *tids, nt = tokenizer_encode(&tok, turn, strlen(turn), 1, &tids);
+        ids = (int *)xmalloc((size_t)(nt + 1) * sizeof(int));
+        ids[0] = tok.im_end_id >= 0 ? tok.im_end_id : tok.eos_id;
+        memcpy(ids + 1, tids, (size_t)nt * sizeof(int));
+        n_prompt = nt + 1;
+        free(tids);
+        free(turn);
+        free(line);
+        turn_no++;
     }
-    double t_prompt = now_sec() - t0;
-    if (dump && fclose(dump) != 0) die("writing '%s' failed", dump_path);
-
-    for (int i = 0; i < n_prompt; i++) tokenizer_print(&tok, ids[i], stdout);
-    fflush(stdout);
-
-    // generation
-    int n_gen = 0, pos = n_prompt;
-    double t_gen = 0.0, bytes = 0.0;
-    while (n_gen < n_predict && pos < n_ctx) {
-        int next = sample(&smp, logits);
-        tokenizer_print(&tok, next, stdout);
-        fflush(stdout);
-        n_gen++;
-        if (tokenizer_is_eog(&tok, next) || n_gen == n_predict || pos + 1 > n_ctx - 1) break;
-        double t1 = now_sec();
-        logits = engine_forward(&e, next, pos);
-        t_gen += now_sec() - t1;
-        if (use_gpu) bytes += bytes_per_token(&e, pos + 1);
-        pos++;
-    }
-    printf("\n");
-    int n_eval = pos - n_prompt;
     fprintf(stderr, "\nprompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
-            t_prompt * 1e3, n_prompt, t_prompt * 1e3 / n_prompt, n_prompt / t_prompt);
+            t_prompt * 1e3, n_prompt_total, t_prompt * 1e3 / n_prompt_total, n_prompt_total / t_prompt);
     if (n_eval > 0) {
         fprintf(stderr, "       eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n",
                 t_gen * 1e3, n_eval, t_gen * 1e3 / n_eval, n_eval / t_gen);
@@ -3606,10 +3749,12 @@ int main(int argc, char **argv) {
                 "%.3f GiB now%s\n", e.gpu.peak_used / 1073741824.0, (tot - fr) / 1073741824.0,
                 g_vram_limit > 0 ? (e.gpu.peak_used <= g_vram_limit ? ", within --vram-limit" : ", OVER --vram-limit") : "");
     }
+    (void)turn_no;
     engine_free(&e);
-    tokenizer_free(&tok);
+    if (have_tok) tokenizer_free(&tok);
     free(ids);
     free(smp.cand);
+    free(prompt_buf);
     gguf_close(&m.gguf);
     return 0;
 }

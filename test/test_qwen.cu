@@ -789,6 +789,271 @@ static void test_cli(void) {
 }
 
 // =================================================================================================
+// Tokenizer: reference ids from Hugging Face tokenizers and llama.cpp's vectors, round trips, NFC
+// =================================================================================================
+
+// Minimal JSON for tok-ref-public.json: an array of {"text": "...", "ids": [...], ...}.
+static const char *json_skip(const char *p) { while (*p && isspace((unsigned char)*p)) p++; return p; }
+static const char *json_string(const char *p, char *out, size_t cap, size_t *len) { // p at the opening quote
+    size_t n = 0;
+    p++;
+    while (*p && *p != '"') {
+        uint32_t cp;
+        if (*p == '\\') {
+            p++;
+            switch (*p) {
+            case 'n': cp = '\n'; break;
+            case 't': cp = '\t'; break;
+            case 'r': cp = '\r'; break;
+            case 'b': cp = '\b'; break;
+            case 'f': cp = '\f'; break;
+            case 'u': {
+                char hex[5] = {p[1], p[2], p[3], p[4], 0};
+                cp = (uint32_t)strtol(hex, NULL, 16);
+                p += 4;
+                if (cp >= 0xd800 && cp < 0xdc00 && p[1] == '\\' && p[2] == 'u') { // surrogate pair
+                    char hex2[5] = {p[3], p[4], p[5], p[6], 0};
+                    uint32_t lo = (uint32_t)strtol(hex2, NULL, 16);
+                    cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                    p += 6;
+                }
+                break;
+            }
+            default: cp = (unsigned char)*p; break;
+            }
+            p++;
+            char u[4];
+            int l = cp_to_utf8(cp, u);
+            if (n + l < cap) { memcpy(out + n, u, l); n += l; }
+        } else {
+            if (n + 1 < cap) out[n++] = *p;
+            p++;
+        }
+    }
+    out[n] = 0;
+    *len = n;
+    return *p ? p + 1 : p;
+}
+
+static int same_ids(const int *a, int na, const int *b, int nb) { return na == nb && (na == 0 || !memcmp(a, b, na * sizeof(int))); }
+
+static void print_ids_diff(const char *what, const int *got, int ng, const int *want, int nw) {
+    printf("     %s: got", what);
+    for (int i = 0; i < ng && i < 40; i++) printf(" %d", got[i]);
+    printf("\n     %*s  want", (int)strlen(what), "");
+    for (int i = 0; i < nw && i < 40; i++) printf(" %d", want[i]);
+    printf("\n");
+}
+
+// NFC of a UTF-8 string with the tokenizer's normalizer
+static char *nfc_utf8(const char *s, size_t len, size_t *out_len) {
+    uint32_t *c = (uint32_t *)xmalloc(len * 4 + 4), *d = (uint32_t *)xmalloc(len * 12 + 4);
+    int n = nfc(c, utf8_to_cps((const unsigned char *)s, len, c), d);
+    char *o = (char *)xmalloc((size_t)n * 4 + 1);
+    size_t k = 0;
+    for (int i = 0; i < n; i++) k += cp_to_utf8(d[i], o + k);
+    o[k] = 0;
+    *out_len = k;
+    free(c); free(d);
+    return o;
+}
+
+static int load_vocab(const char *name, GGUF *g, Tokenizer *t) {
+    char path[512], err[300];
+    snprintf(path, sizeof path, "%s/tokenizer/%s", DATA, name);
+    if (!need_fixture(path, name)) return -1;
+    if (gguf_open(g, path) != 0) { printf("FAIL open %s: %s\n", name, g->err); n_fail++; return -1; }
+    if (tokenizer_init(t, g, 0, err, sizeof err) != 0) { printf("FAIL tokenizer %s: %s\n", name, err); n_fail++; return -1; }
+    return 0;
+}
+
+// llama.cpp's vectors: .inp strings separated by "\n__ggml_vocab_test__\n", .out one line of ids each
+static void check_vocab_vectors(const Tokenizer *t, const char *stem, const char *label) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/tokenizer/%s.inp", DATA, stem);
+    size_t il;
+    char *inp = read_file(path, &il);
+    snprintf(path, sizeof path, "%s/tokenizer/%s.out", DATA, stem);
+    char *outs = read_file(path, NULL);
+    if (!inp || !outs) { check(0, "vocab vectors readable"); return; }
+    const char *sep = "\n__ggml_vocab_test__\n";
+    int cases = 0, ok = 0, round = 0;
+    char *p = inp, *o = outs;
+    for (;;) {
+        char *e = strstr(p, sep);
+        if (!e) break;
+        char *oe = strchr(o, '\n');
+        if (!oe) break;
+        *oe = 0;
+        int *want, nw = parse_ids(o, &want), *got;
+        int ng = tokenizer_encode(t, p, (size_t)(e - p), 0, &got);
+        cases++;
+        if (same_ids(got, ng, want, nw)) ok++;
+        else { printf("     case %d: %.60s\n", cases - 1, p); print_ids_diff("ids", got, ng, want, nw); }
+        size_t dl, nl;
+        char *dec = tokenizer_decode(t, got, ng, 1, &dl);
+        char *norm = t->nfc ? nfc_utf8(p, (size_t)(e - p), &nl) : NULL;
+        if (t->nfc ? (dl == nl && !memcmp(dec, norm, dl)) : (dl == (size_t)(e - p) && !memcmp(dec, p, dl))) round++;
+        free(dec); free(norm); free(want); free(got);
+        p = e + strlen(sep);
+        o = oe + 1;
+    }
+    char name[200];
+    snprintf(name, sizeof name, "tokenizer %s: %d llama.cpp vectors, identical ids (mismatches)", label, cases);
+    report(cases > 0 && ok == cases, name, cases - ok, 0);
+    snprintf(name, sizeof name, "tokenizer %s: decode(encode(s)) == %s for all %d (mismatches)", label, t->nfc ? "NFC(s)" : "s", cases);
+    report(cases > 0 && round == cases, name, cases - round, 0);
+    free(inp);
+    free(outs);
+}
+
+static void test_tokenizer(void) {
+    GGUF g;
+    Tokenizer t;
+    double t0 = now_sec();
+    if (load_vocab("vocab-qwen2.gguf", &g, &t) == 0) {
+        double load_ms = (now_sec() - t0) * 1e3;
+        printf("info tokenizer: vocab-qwen2.gguf (%d tokens) loaded in %.1f ms (not a timed test: see make bench-tokenizer)\n", t.n_vocab, load_ms);
+        // Hugging Face's ids (special tokens recognised, no BOS)
+        char path[512];
+        snprintf(path, sizeof path, "%s/tokenizer/tok-ref-public.json", DATA);
+        char *json = read_file(path, NULL);
+        int cases = 0, ok = 0, round = 0;
+        static char text[1 << 16];
+        for (const char *p = json ? strstr(json, "\"text\"") : NULL; p; p = strstr(p, "\"text\"")) {
+            size_t tl;
+            p = json_skip(strchr(p + 6, ':') + 1);
+            p = json_string(p, text, sizeof text, &tl);
+            const char *q = strstr(p, "\"ids\"");
+            q = strchr(q, '[') + 1;
+            int want[4096], nw = 0;
+            while (*(q = json_skip(q)) != ']') {
+                want[nw++] = (int)strtol(q, (char **)&q, 10);
+                q = json_skip(q);
+                if (*q == ',') q++;
+            }
+            int *got, ng = tokenizer_encode(&t, text, tl, 1, &got);
+            cases++;
+            if (same_ids(got, ng, want, nw)) ok++;
+            else { printf("     case %d: %.60s\n", cases - 1, text); print_ids_diff("ids", got, ng, want, nw); }
+            size_t dl, nl;
+            char *dec = tokenizer_decode(&t, got, ng, 1, &dl), *norm = nfc_utf8(text, tl, &nl);
+            if (dl == nl && !memcmp(dec, norm, dl)) round++;
+            free(dec); free(norm); free(got);
+            p = q;
+        }
+        free(json);
+        report(cases > 0 && ok == cases, "tokenizer qwen2: Hugging Face tok-ref-public.json, identical ids (mismatches)", cases - ok, 0);
+        report(cases > 0 && round == cases, "tokenizer qwen2: tok-ref-public.json decode(encode(s)) == NFC(s) (mismatches)", cases - round, 0);
+        check_vocab_vectors(&t, "ggml-vocab-qwen2.gguf", "qwen2");
+
+        // invalid UTF-8: each maximal ill-formed subpart becomes one U+FFFD, as Python decodes it
+        {
+            const char bad[] = "a\xff" "b\xe2\x82" "c\xed\xa0\x80" "d";
+            const char fixed[] = "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "d";
+            int *x, *y, nx = tokenizer_encode(&t, bad, sizeof bad - 1, 1, &x), ny = tokenizer_encode(&t, fixed, sizeof fixed - 1, 1, &y);
+            check(same_ids(x, nx, y, ny) && nx > 0, "tokenizer: invalid UTF-8 is read as U+FFFD (maximal subparts)");
+            free(x); free(y);
+        }
+        // special tokens: recognised, or plain text with parse_special off (user-defined ones still split)
+        {
+            const char *chat = "<|im_start|>user\nhi<think></think><|im_end|>";
+            int *a, *b, na = tokenizer_encode(&t, chat, strlen(chat), 1, &a), nb = tokenizer_encode(&t, chat, strlen(chat), 0, &b);
+            int has_ctrl_a = 0, has_ctrl_b = 0, think_b = 0;
+            for (int i = 0; i < na; i++) has_ctrl_a += a[i] == t.im_start_id || a[i] == t.im_end_id;
+            for (int i = 0; i < nb; i++) { has_ctrl_b += b[i] == t.im_start_id || b[i] == t.im_end_id; think_b += b[i] == tok_id(&t, "<think>"); }
+            check(has_ctrl_a == 2 && has_ctrl_b == 0 && think_b == 1, "tokenizer: control tokens split out only with parse_special; <think> always");
+            free(a); free(b);
+        }
+        // end of generation and the chat template
+        check(tokenizer_is_eog(&t, t.im_end_id) && tokenizer_is_eog(&t, tok_id(&t, "<|endoftext|>")) && !tokenizer_is_eog(&t, 9707),
+              "tokenizer: <|im_end|> and <|endoftext|> end generation");
+        {
+            char *turn = chat_turn(&t, "Be brief.", "Hi", 1, 0), *turn2 = chat_turn(&t, NULL, "More", 0, 1);
+            check(!strcmp(turn, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n") &&
+                  !strcmp(turn2, "\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+                  "tokenizer: ChatML turns (system, next turn, thinking off)");
+            free(turn); free(turn2);
+        }
+        // streaming: feeding one token at a time never leaves a partial UTF-8 sequence on the output
+        {
+            const char *mixed = "🚀 нещо на Български 我想在apple工作 ✅ 🦙🦙 é";
+            int *x, nx = tokenizer_encode(&t, mixed, strlen(mixed), 1, &x);
+            static char buf[4096];
+            FILE *f = fmemopen(buf, sizeof buf, "w");
+            Stream st = {{0}, 0, f};
+            int partial = 0;
+            for (int i = 0; i < nx; i++) {
+                stream_token(&st, &t, x[i], 0);
+                fflush(f);
+                long len = ftell(f);
+                uint32_t tmp[4096];
+                // a cut sequence would decode into U+FFFD at the end
+                int nc = utf8_to_cps((const unsigned char *)buf, (size_t)len, tmp);
+                if (nc > 0 && tmp[nc - 1] == 0xfffd) partial++;
+            }
+            stream_flush(&st);
+            long len = ftell(f);
+            fclose(f);
+            check(partial == 0 && len == (long)strlen(mixed) && !memcmp(buf, mixed, len), "tokenizer: streamed output is whole UTF-8 and equals the text");
+            free(x);
+        }
+        tokenizer_free(&t);
+        gguf_close(&g);
+    }
+    if (load_vocab("vocab-qwen2-pre35.gguf", &g, &t) == 0) {
+        check(t.pre == PRE_QWEN35 && !t.nfc, "tokenizer: pre 'qwen35' selected, no NFC");
+        check_vocab_vectors(&t, "ggml-vocab-qwen35.gguf", "qwen35");
+        tokenizer_free(&t);
+        gguf_close(&g);
+    }
+    // the tiny models' own vocabulary: their token sequences survive decode + encode
+    if (load_vocab("vocab-tiny.gguf", &g, &t) == 0) {
+        for (int si = 0; si < n_seqs; si++) {
+            if (strcmp(SEQS[si].name, "text") && strcmp(SEQS[si].name, "chat")) continue;
+            size_t dl;
+            char *dec = tokenizer_decode(&t, SEQS[si].ids, SEQS[si].n, 1, &dl);
+            int *x, nx = tokenizer_encode(&t, dec, dl, 1, &x);
+            char name[160];
+            snprintf(name, sizeof name, "tokenizer tiny vocab: encode(decode(seq-%s)) == seq-%s", SEQS[si].name, SEQS[si].name);
+            check(same_ids(x, nx, SEQS[si].ids, SEQS[si].n), name);
+            if (!same_ids(x, nx, SEQS[si].ids, SEQS[si].n)) print_ids_diff("ids", x, nx, SEQS[si].ids, SEQS[si].n);
+            free(dec); free(x);
+        }
+        tokenizer_free(&t);
+        gguf_close(&g);
+    }
+    // NFC against the Unicode conformance file, when the UCD is installed (Debian: unicode-data)
+    FILE *nt = popen("bzcat /usr/share/unicode/NormalizationTest.txt.bz2 2>/dev/null || cat /usr/share/unicode/NormalizationTest.txt 2>/dev/null", "r");
+    int lines = 0, bad = 0;
+    char line[4096];
+    while (nt && fgets(line, sizeof line, nt)) {
+        if (line[0] == '#' || line[0] == '@' || line[0] == '\n') continue;
+        uint32_t col[5][32];
+        int nc[5] = {0, 0, 0, 0, 0}, k = 0;
+        for (char *p = line; *p && *p != '#' && k < 5; p++) {
+            if (*p == ';') { k++; continue; }
+            if (isxdigit((unsigned char)*p)) {
+                col[k][nc[k]++] = (uint32_t)strtol(p, &p, 16);
+                p--;
+            }
+        }
+        if (k < 5) continue;
+        lines++;
+        // NFC: c2 == NFC(c1) == NFC(c2) == NFC(c3); c4 == NFC(c4) == NFC(c5)
+        int want_of[5] = {1, 1, 1, 3, 3};
+        for (int c = 0; c < 5; c++) {
+            uint32_t out[128];
+            int n = nfc(col[c], nc[c], out), w = want_of[c];
+            if (n != nc[w] || memcmp(out, col[w], (size_t)n * 4)) bad++;
+        }
+    }
+    if (nt) pclose(nt);
+    if (lines > 0) report(bad == 0, "NFC: Unicode NormalizationTest.txt, every line, 5 columns (failures)", bad, 0);
+    else skip("NFC: Unicode NormalizationTest.txt", "/usr/share/unicode not installed (Debian package unicode-data)");
+}
+
+// =================================================================================================
 // VRAM budget arithmetic and the refusal path (host only: the card is simulated)
 // =================================================================================================
 static void test_budget(void) {
@@ -1403,6 +1668,7 @@ int main(int argc, char **argv) {
     test_gguf_reader();
     test_dequantizers();
     test_sampler();
+    test_tokenizer();
     test_cli();
     test_budget();
     test_models(0);
