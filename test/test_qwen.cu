@@ -1532,7 +1532,7 @@ static void test_gpu_small_kernels(void) {
             CUDA_CHECK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
             attention(dq, dk, dv, po, pml, kv_done, &o, gated ? dgate : NULL, 2 * hd, dpos, n_head, n_kv, hd, n_split, 0);
             if (gated)
-                for (int i = 0; i < n_head * hd; i++) ref[i] *= sigmoid_c(gate[(size_t)(i / hd) * 2 * hd + i % hd]);
+                for (int i = 0; i < n_head * hd; i++) ref[i] *= sigmoid_c(gate[(size_t)(i / hd) * 2 * hd + hd + i % hd]);
             CUDA_CHECK(cudaMemcpy(out, o.f, n_head * hd * 4, cudaMemcpyDeviceToHost));
             for (int i = 0; i < n_head * hd; i++) e = fmax(e, fabs(out[i] - ref[i]));
             HostXQ gq = download_xq(o.q, n_head * hd), wq = quantize_host(out, n_head * hd);
