@@ -1700,6 +1700,14 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 static int is_fast_type(int t) {
     return t == GGML_TYPE_Q4_0 || t == GGML_TYPE_IQ4_XS || t == GGML_TYPE_Q5_K || t == GGML_TYPE_Q6_K;
 }
+// LAUNCH(T) with T the fast type `type` as a compile-time constant (kernels are templated on it)
+#define FAST_TYPE_SWITCH(type, LAUNCH)                          \
+    switch (type) {                                             \
+    case GGML_TYPE_Q4_0: LAUNCH(GGML_TYPE_Q4_0); break;         \
+    case GGML_TYPE_IQ4_XS: LAUNCH(GGML_TYPE_IQ4_XS); break;     \
+    case GGML_TYPE_Q5_K: LAUNCH(GGML_TYPE_Q5_K); break;         \
+    case GGML_TYPE_Q6_K: LAUNCH(GGML_TYPE_Q6_K); break;         \
+    }
 
 // Repack file blocks [b0, b0+n) of a tensor with NB sub-blocks into the planes at dst.
 // A "block" is the file's block: 32 weights (Q4_0) or 256 (the others: 8 sub-blocks).
@@ -1775,18 +1783,20 @@ typedef struct {
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 
-// sum over the block of q[e] * X[e] for q given as 8 words of int8 (elements 0..15 in lo, 16..31 in hi)
-__device__ __forceinline__ int dot_q_x(const int lo[4], const int hi[4], const XBlock &x) {
-    const int *h0 = (const int *)&x.h0, *h1 = (const int *)&x.h1, *l0 = (const int *)&x.l0, *l1 = (const int *)&x.l1;
+// sum over 16 elements of q[e] * X[e], q as 4 words of int8, X as its chunks H and L (X = 256*H + L)
+__device__ __forceinline__ int dot16(const int q[4], const int4 &H, const int4 &L) {
+    const int *h = (const int *)&H, *l = (const int *)&L;
     int ah = 0, al = 0;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        ah = dp4a(lo[k], h0[k], ah);
-        ah = dp4a(hi[k], h1[k], ah);
-        al = dp4a(lo[k], l0[k], al);
-        al = dp4a(hi[k], l1[k], al);
+        ah = dp4a(q[k], h[k], ah);
+        al = dp4a(q[k], l[k], al);
     }
     return 256 * ah + al;
+}
+// the whole block: elements 0..15 in lo, 16..31 in hi
+__device__ __forceinline__ int dot_q_x(const int lo[4], const int hi[4], const XBlock &x) {
+    return dot16(lo, x.h0, x.l0) + dot16(hi, x.h1, x.l1);
 }
 
 // 8 nibbles of a 32-bit word: low nibbles and high nibbles as 4 bytes each
@@ -1900,17 +1910,8 @@ template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const uint8
         lo[k] = __vsub4(lo[k] | hl, 0x20202020); // q6 - 32 as signed bytes
         hi[k] = __vsub4(hi[k] | hh, 0x20202020);
     }
-    // the two 16-weight halves have their own scales: split the dot product
-    const int *h0 = (const int *)&x.h0, *h1 = (const int *)&x.h1, *l0 = (const int *)&x.l0, *l1 = (const int *)&x.l1;
-    int ah0 = 0, al0 = 0, ah1 = 0, al1 = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        ah0 = dp4a(lo[k], h0[k], ah0);
-        al0 = dp4a(lo[k], l0[k], al0);
-        ah1 = dp4a(hi[k], h1[k], ah1);
-        al1 = dp4a(hi[k], l1[k], al1);
-    }
-    return d * x.s * (float)(sc0 * (256 * ah0 + al0) + sc1 * (256 * ah1 + al1));
+    // the two 16-weight halves have their own scales
+    return d * x.s * (float)(sc0 * dot16(lo, x.h0, x.l0) + sc1 * dot16(hi, x.h1, x.l1));
 }
 
 __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
@@ -1986,12 +1987,9 @@ __global__ void __launch_bounds__(FAST_MAX_THREADS) matvec_fast_batch_kernel(Mat
     int m = 0;
     while (m + 1 < b.n && (int)blockIdx.x >= b.first_block[m + 1]) m++;
     int row0 = ((int)blockIdx.x - b.first_block[m]) * FAST_ROWS;
-    switch (b.type[m]) {
-    case GGML_TYPE_Q4_0: fast_rows<GGML_TYPE_Q4_0, FAST_ROWS>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0); break;
-    case GGML_TYPE_IQ4_XS: fast_rows<GGML_TYPE_IQ4_XS, FAST_ROWS>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0); break;
-    case GGML_TYPE_Q5_K: fast_rows<GGML_TYPE_Q5_K, FAST_ROWS>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0); break;
-    case GGML_TYPE_Q6_K: fast_rows<GGML_TYPE_Q6_K, FAST_ROWS>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0); break;
-    }
+#define ROWS(T) fast_rows<T, FAST_ROWS>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0)
+    FAST_TYPE_SWITCH(b.type[m], ROWS)
+#undef ROWS
 }
 
 // Threads per block for rows of n_sub sub-blocks: as few passes as 256 threads allow, the passes
@@ -2418,12 +2416,7 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
         int n_sub = n_in / 32;
         int threads = fast_threads(n_sub), blocks = (n_out + FAST_ROWS - 1) / FAST_ROWS;
 #define FAST(T) matvec_fast_kernel<T, FAST_ROWS><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
-        switch (W->type) {
-        case GGML_TYPE_Q4_0: FAST(GGML_TYPE_Q4_0); break;
-        case GGML_TYPE_IQ4_XS: FAST(GGML_TYPE_IQ4_XS); break;
-        case GGML_TYPE_Q5_K: FAST(GGML_TYPE_Q5_K); break;
-        case GGML_TYPE_Q6_K: FAST(GGML_TYPE_Q6_K); break;
-        }
+        FAST_TYPE_SWITCH(W->type, FAST)
 #undef FAST
         KERNEL_CHECK();
         return;
@@ -2486,12 +2479,7 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
         const uint8_t *wg = (const uint8_t *)G->dev, *wu = (const uint8_t *)U->dev;
         int threads = fast_threads(n_sub);
 #define GU(T) ffn_gate_up_silu_kernel<T><<<n_ff / FAST_ROWS, threads, 0, st>>>(wg, wu, in->q, *h, group_done, n_sub, n_ff)
-        switch (G->type) {
-        case GGML_TYPE_Q4_0: GU(GGML_TYPE_Q4_0); break;
-        case GGML_TYPE_IQ4_XS: GU(GGML_TYPE_IQ4_XS); break;
-        case GGML_TYPE_Q5_K: GU(GGML_TYPE_Q5_K); break;
-        case GGML_TYPE_Q6_K: GU(GGML_TYPE_Q6_K); break;
-        }
+        FAST_TYPE_SWITCH(G->type, GU)
 #undef GU
         KERNEL_CHECK();
         return;

@@ -127,41 +127,24 @@ out.write("#define UNI_MARK %d   // general category M*\n" % MARK)
 out.write("#define UNI_NUMBER %d // general category N*\n" % NUMBER)
 out.write("#define UNI_SPACE %d  // White_Space property\n\n" % SPACE)
 
-out.write("// code point ranges [lo, hi] sharing the same non-zero flags, sorted\n")
-out.write("static const uint32_t UNI_FLAG_RANGES[%d][3] = {\n" % len(flag_ranges))
-for lo, hi, v in flag_ranges:
-    out.write("    {0x%X, 0x%X, %d},\n" % (lo, hi, v))
-out.write("};\n\n")
 
-out.write("// simple case folding (CaseFolding.txt statuses C and S): {code point, folded}, sorted\n")
-items = sorted(fold.items())
-out.write("static const uint32_t UNI_FOLD[%d][2] = {\n" % len(items))
-for a, b in items:
-    out.write("    {0x%X, 0x%X},\n" % (a, b))
-out.write("};\n\n")
 
-out.write("// canonical combining class ranges [lo, hi, class] for class != 0, sorted\n")
-out.write("static const uint32_t UNI_CCC_RANGES[%d][3] = {\n" % len(ccc_ranges))
-for lo, hi, v in ccc_ranges:
-    out.write("    {0x%X, 0x%X, %d},\n" % (lo, hi, v))
-out.write("};\n\n")
+def table(name, comment, rows):
+    """A static C table of uint32 rows (every row a tuple of the same length)."""
+    out.write("// %s\n" % comment)
+    out.write("static const uint32_t %s[%d][%d] = {\n" % (name, len(rows), len(rows[0])))
+    for r in rows:
+        out.write("    {%s},\n" % ", ".join("0x%X" % v for v in r))
+    out.write("};\n\n")
 
-items = sorted(decomp.items())
-out.write("// canonical decompositions (one level; apply recursively): {code point, first, second or 0}\n")
-out.write("static const uint32_t UNI_DECOMP[%d][3] = {\n" % len(items))
-for c, d in items:
-    out.write("    {0x%X, 0x%X, 0x%X},\n" % (c, d[0], d[1] if len(d) > 1 else 0))
-out.write("};\n\n")
 
-out.write("// canonical composition of pairs, composition exclusions removed: {first, second, composite}\n")
-out.write("static const uint32_t UNI_COMPOSE[%d][3] = {\n" % len(compose))
-for a, b, c in compose:
-    out.write("    {0x%X, 0x%X, 0x%X},\n" % (a, b, c))
-out.write("};\n\n")
-
-out.write("// code points whose NFC_Quick_Check is No or Maybe: text without them (and without\n")
-out.write("// combining marks) is already in NFC\n")
-out.write("static const uint32_t UNI_NFC_QC_RANGES[%d][2] = {\n" % len(qc_ranges))
-for lo, hi, v in qc_ranges:
-    out.write("    {0x%X, 0x%X},\n" % (lo, hi))
-out.write("};\n")
+table("UNI_FLAG_RANGES", "code point ranges {lo, hi, flags} sharing the same non-zero flags, sorted", flag_ranges)
+table("UNI_FOLD", "simple case folding (CaseFolding.txt statuses C and S): {code point, folded}, sorted",
+      sorted(fold.items()))
+table("UNI_CCC_RANGES", "canonical combining class ranges {lo, hi, class} for class != 0, sorted", ccc_ranges)
+table("UNI_DECOMP", "canonical decompositions (one level; apply recursively): {code point, first, second or 0}",
+      [(c, d[0], d[1] if len(d) > 1 else 0) for c, d in sorted(decomp.items())])
+table("UNI_COMPOSE", "canonical composition of pairs, composition exclusions removed: {first, second, composite}",
+      compose)
+table("UNI_NFC_QC_RANGES", "code points whose NFC_Quick_Check is No or Maybe, {lo, hi}: text without them (and "
+      "without combining marks) is already in NFC", [(lo, hi) for lo, hi, v in qc_ranges])
