@@ -1,9 +1,11 @@
 // qwen.cu — a single-file CUDA C inference engine for Qwen models stored as GGUF.
 //
-// Runs Qwen2/2.5 (`qwen2`), Qwen3 (`qwen3`) and, once its layers land, Qwen3.5/3.6 (`qwen35`)
-// straight from a GGUF file on one NVIDIA GPU, built first for the V100 (sm_70: no bf16, 900 GB/s)
-// and running on every newer card. Every GPU kernel has a plain-C twin in this file: the C twin is
-// the readable specification, `--cpu` runs the whole model on it, and the tests compare the two.
+// Runs Qwen2/2.5 (`qwen2`), Qwen3 (`qwen3`) and Qwen3.5/3.6 (`qwen35`: Gated DeltaNet + gated
+// attention) straight from a GGUF file on one NVIDIA GPU, built first for the V100 (sm_70: no bf16,
+// dp4a, 900 GB/s) and running on every newer card. The whole model is on the GPU or it does not run:
+// a VRAM budget proves it fits before anything large is allocated. Every GPU kernel has a plain-C
+// twin in this file: the C twin is the readable specification, `--cpu` runs the whole model on it,
+// and the tests compare the two.
 //
 // Read it top to bottom; the sections follow the data:
 //
@@ -12,16 +14,19 @@
 //   3. tensor types ......... block layouts and a C dequantizer for each (the spec of the format)
 //   4. config & weights ..... hyper-parameters from metadata, weights looked up by name and shape
 //   5. CPU forward .......... the plain-C twin of the whole model (fp32 math, fp32 KV cache)
-//   6. GPU kernels .......... mat-vec per tensor type, norms, RoPE, attention
-//   7. GPU forward .......... device memory, weight upload, the per-token layer loop
-//   8. sampler .............. greedy, temperature, top-k, top-p
-//   9. generation & CLI ..... llama.cpp's flag names, timing lines, logits dump
+//   6. GPU kernels .......... mat-vec per tensor type (generic, and dp4a on 16-bit activations for
+//                             the four types that carry the bytes), norms, RoPE, attention, DeltaNet
+//   7. GPU forward .......... VRAM budget, device memory, weight upload, the per-token layer loop
+//                             replayed as a CUDA graph
+//   8. tokenizer & sampler .. tokenizer.c (byte-level BPE); greedy, temperature, top-k, top-p, min-p
+//   9. generation & CLI ..... llama.cpp's flag names, chat, timing lines, logits dump, --bench
 //
 // Conventions used everywhere:
 //   * A weight with GGUF shape {n_in, n_out} is n_out rows of n_in elements; y[r] = dot(W[r,:], x).
 //     Quantization blocks run along a row.
-//   * Activations, the residual stream and every accumulation are fp32. The V100 has no bf16 and
-//     real Qwen activations have outliers that fp16 sums cannot hold; only the KV cache is fp16.
+//   * The residual stream and every accumulation are fp32. The V100 has no bf16 and real Qwen
+//     activations have outliers that fp16 sums cannot hold. The KV cache is fp16; the inputs of the
+//     fast mat-vecs are 16-bit integers with an fp32 scale per 32 values (section 6).
 //   * Shapes in comments are written (outer, ..., inner), the innermost index contiguous.
 
 #include <ctype.h>
