@@ -1935,7 +1935,9 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 // every activation block a thread loads serves R rows, and even a short row keeps a whole block of
 // loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
 // C twin: matvec_xq_c.
-#define FAST_ROWS 4        // rows per block
+#ifndef FAST_ROWS
+#define FAST_ROWS 4 // rows per block (a divisor of 32: the gate/up kernel quantizes groups of 32 rows)
+#endif
 #define FAST_MAX_THREADS 256
 template <int TYPE, int R>
 __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
