@@ -3460,6 +3460,248 @@ static void print_info(Model *m, int n_ctx) {
     }
 }
 
+// --- perplexity and KL divergence, in llama.cpp's file format ---------------------------------
+// The standard chunked perplexity (llama-perplexity's): the tokens are cut into chunks of n_ctx, each
+// chunk is evaluated from an empty cache, and only its second half is scored: positions
+// n_ctx/2 .. n_ctx-2 predict the next token. PPL = exp(mean negative log-likelihood).
+//
+// A "KL-divergence base" file keeps, for every scored position, the log-probabilities of a reference
+// run, so another engine or another quantization can be scored against it:
+//   "_logits_" | u32 n_ctx | i32 n_vocab | i32 n_chunk | i32 tokens[n_chunk * n_ctx]
+//   then per chunk, per scored position, nv = 2*ceil(n_vocab/2) + 4 u16 words:
+//     words 0-3: f32 scale, f32 min_log_prob;  words 4..: round((logit - min_logit) / scale)
+//   with max = max(logits), min_logit = max(min(logits), max - 16), scale = (max - min_logit) / 65535,
+//   min_log_prob = min_logit - max - log(sum exp(logit - max));  log p = min_log_prob + scale * word.
+// llama.cpp writes and reads the same layout (--kl-divergence-base), so either can score the other.
+
+static size_t kld_record_words(int n_vocab) { return 2 * (((size_t)n_vocab + 1) / 2) + 4; }
+
+// one position's logits -> a base-file record
+static void kld_encode(const float *logits, int n_vocab, uint16_t *rec) {
+    float mx = logits[0], mn = logits[0];
+    for (int i = 1; i < n_vocab; i++) { mx = fmaxf(mx, logits[i]); mn = fminf(mn, logits[i]); }
+    mn = fmaxf(mn, mx - 16.0f);
+    double sum = 0.0;
+    for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
+    float scale = (mx - mn) / 65535.0f, min_log_prob = mn - mx - (float)log(sum);
+    memcpy(rec, &scale, 4);
+    memcpy(rec + 2, &min_log_prob, 4);
+    for (int i = 0; i < n_vocab; i++) {
+        float v = scale > 0 ? roundf((fmaxf(logits[i], mn) - mn) / scale) : 0.0f;
+        rec[4 + i] = (uint16_t)(v > 65535.0f ? 65535.0f : v);
+    }
+    for (size_t i = 4 + (size_t)n_vocab; i < kld_record_words(n_vocab); i++) rec[i] = 0;
+}
+
+// log-probabilities of one position: from logits, and from a base record
+static void log_softmax(const float *logits, int n_vocab, double *lp) {
+    double mx = logits[0], sum = 0.0;
+    for (int i = 1; i < n_vocab; i++) mx = fmax(mx, logits[i]);
+    for (int i = 0; i < n_vocab; i++) sum += exp(logits[i] - mx);
+    double lse = mx + log(sum);
+    for (int i = 0; i < n_vocab; i++) lp[i] = logits[i] - lse;
+}
+static void kld_decode(const uint16_t *rec, int n_vocab, double *lp) {
+    float scale, min_log_prob;
+    memcpy(&scale, rec, 4);
+    memcpy(&min_log_prob, rec + 2, 4);
+    for (int i = 0; i < n_vocab; i++) lp[i] = min_log_prob + (double)scale * rec[4 + i];
+}
+
+typedef struct {
+    uint8_t *data;         // the whole file
+    size_t size;
+    uint32_t n_ctx;
+    int32_t n_vocab, n_chunk;
+    const int32_t *tokens;    // (n_chunk, n_ctx)
+    const uint16_t *records;  // (n_chunk, n_ctx/2 - 1 or so, nv)
+} KldBase;
+
+// Read and check a base file: magic, header, size, a vocabulary that matches the model's.
+static int kld_base_read(KldBase *b, const char *path, int n_vocab_model, char *err, size_t errlen) {
+    memset(b, 0, sizeof *b);
+    FILE *f = fopen(path, "rb");
+    if (!f) { snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno)); return -1; }
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (sz < 20) { fclose(f); snprintf(err, errlen, "'%s' is too short for a KL-divergence base file (%ld bytes)", path, sz); return -1; }
+    b->data = (uint8_t *)xmalloc((size_t)sz);
+    b->size = (size_t)sz;
+    size_t got = fread(b->data, 1, b->size, f);
+    fclose(f);
+    if (got != b->size) { snprintf(err, errlen, "reading '%s' failed", path); return -1; }
+    if (memcmp(b->data, "_logits_", 8) != 0) {
+        snprintf(err, errlen, "'%s' is not a KL-divergence base file (it does not start with \"_logits_\")", path);
+        return -1;
+    }
+    memcpy(&b->n_ctx, b->data + 8, 4);
+    memcpy(&b->n_vocab, b->data + 12, 4);
+    memcpy(&b->n_chunk, b->data + 16, 4);
+    if (b->n_ctx < 4 || b->n_ctx > (1u << 24) || b->n_vocab <= 0 || b->n_chunk <= 0 || b->n_chunk > (1 << 24)) {
+        snprintf(err, errlen, "'%s': implausible header (n_ctx %u, n_vocab %d, n_chunk %d)", path, b->n_ctx, b->n_vocab, b->n_chunk);
+        return -1;
+    }
+    if (b->n_vocab != n_vocab_model) {
+        snprintf(err, errlen, "'%s' was made with a vocabulary of %d tokens; this model has %d: not comparable", path,
+                 b->n_vocab, n_vocab_model);
+        return -1;
+    }
+    size_t first = b->n_ctx / 2, per_chunk = b->n_ctx - 1 - first;
+    size_t need = 20 + (size_t)b->n_chunk * b->n_ctx * 4 + (size_t)b->n_chunk * per_chunk * kld_record_words(b->n_vocab) * 2;
+    if (b->size < need) {
+        snprintf(err, errlen, "'%s' is truncated: %d chunks of %u tokens need %zu bytes, the file has %zu", path,
+                 b->n_chunk, b->n_ctx, need, b->size);
+        return -1;
+    }
+    b->tokens = (const int32_t *)(b->data + 20);
+    b->records = (const uint16_t *)(b->data + 20 + (size_t)b->n_chunk * b->n_ctx * 4);
+    for (size_t i = 0; i < (size_t)b->n_chunk * b->n_ctx; i++)
+        if (b->tokens[i] < 0 || b->tokens[i] >= b->n_vocab) {
+            snprintf(err, errlen, "'%s': token %zu (id %d) is outside the vocabulary", path, i, b->tokens[i]);
+            return -1;
+        }
+    return 0;
+}
+
+static void kld_base_write_header(FILE *f, uint32_t n_ctx, int32_t n_vocab, int32_t n_chunk, const int *tokens) {
+    if (fwrite("_logits_", 1, 8, f) != 8 || fwrite(&n_ctx, 4, 1, f) != 1 || fwrite(&n_vocab, 4, 1, f) != 1 ||
+        fwrite(&n_chunk, 4, 1, f) != 1)
+        die("writing the KL-divergence base file failed");
+    for (size_t i = 0; i < (size_t)n_chunk * n_ctx; i++) {
+        int32_t t = tokens[i];
+        if (fwrite(&t, 4, 1, f) != 1) die("writing the KL-divergence base file failed");
+    }
+}
+
+typedef struct {
+    double ppl, ppl_unc;          // ours
+    double ppl_base, ppl_base_unc;
+    double kld_mean, kld_unc, kld_max, kld_median, kld_p999, kld_p99, kld_p10, kld_p5, kld_p1, kld_min;
+    double same_top;              // fraction of positions whose most likely token is the base's
+    double dp_mean, dp_rms;       // probability of the next token: ours minus the base's
+    double ln_ratio_mean, ln_ratio_unc;
+    int n_scored;
+    double tok_per_s;
+} PplResult;
+
+static int cmp_double(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+
+// mean and the standard error of the mean from a sum and a sum of squares
+static void mean_err(double sum, double sum2, int n, double *mean, double *err) {
+    *mean = sum / n;
+    *err = n > 1 ? sqrt(fmax(sum2 / n - *mean * *mean, 0.0) / (n - 1)) : 0.0;
+}
+
+// Evaluate tokens[0 .. n_chunk*n_ctx) chunk by chunk; with out_base also write the records of a base
+// file (its header first: kld_base_write_header), with in_base score against it. `e` must have room
+// for n_ctx positions.
+static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx, FILE *out_base, const KldBase *in_base,
+                            int verbose) {
+    int V = e->m->c.n_vocab, first = n_ctx / 2, per_chunk = n_ctx - 1 - first;
+    size_t nv = kld_record_words(V);
+    uint16_t *rec = (uint16_t *)xmalloc(nv * 2);
+    double *lp = (double *)xmalloc((size_t)V * sizeof(double)), *lpb = (double *)xmalloc((size_t)V * sizeof(double));
+    double *klds = (double *)xmalloc((size_t)n_chunk * per_chunk * sizeof(double));
+    double nll = 0, nll2 = 0, nllb = 0, nllb2 = 0, dp = 0, dp2 = 0, lr = 0, lr2 = 0, kl = 0, kl2 = 0;
+    int n = 0, same = 0;
+    double t0 = now_sec();
+    for (int c = 0; c < n_chunk; c++) {
+        const int *tk = tokens + (size_t)c * n_ctx;
+        for (int j = 0; j < n_ctx - 1; j++) {
+            float *logits = engine_forward(e, tk[j], j); // position 0 starts from an empty state
+            if (j < first) continue;
+            log_softmax(logits, V, lp);
+            double l = -lp[tk[j + 1]];
+            nll += l;
+            nll2 += l * l;
+            if (out_base) {
+                kld_encode(logits, V, rec);
+                if (fwrite(rec, 2, nv, out_base) != nv) die("writing the KL-divergence base file failed");
+            }
+            if (in_base) {
+                kld_decode(in_base->records + ((size_t)c * per_chunk + (j - first)) * nv, V, lpb);
+                double k = 0;
+                int top = 0, topb = 0;
+                for (int i = 0; i < V; i++) {
+                    k += exp(lpb[i]) * (lpb[i] - lp[i]); // KL(base || ours)
+                    if (lp[i] > lp[top]) top = i;
+                    if (lpb[i] > lpb[topb]) topb = i;
+                }
+                klds[n] = k;
+                kl += k;
+                kl2 += k * k;
+                same += top == topb;
+                double lb = -lpb[tk[j + 1]];
+                nllb += lb;
+                nllb2 += lb * lb;
+                double d = exp(-l) - exp(-lb);
+                dp += d;
+                dp2 += d * d;
+                lr += l - lb;
+                lr2 += (l - lb) * (l - lb);
+            }
+            n++;
+        }
+        if (verbose) {
+            fprintf(stderr, "[%d]%.4f%s", c + 1, exp(nll / n), c + 1 < n_chunk ? "," : "\n");
+            fflush(stderr);
+        }
+    }
+    PplResult r;
+    memset(&r, 0, sizeof r);
+    r.n_scored = n;
+    r.tok_per_s = (double)n_chunk * (n_ctx - 1) / (now_sec() - t0);
+    double m, err;
+    mean_err(nll, nll2, n, &m, &err);
+    r.ppl = exp(m);
+    r.ppl_unc = r.ppl * err; // the standard error of the mean NLL, carried through exp
+    if (in_base) {
+        mean_err(nllb, nllb2, n, &m, &err);
+        r.ppl_base = exp(m);
+        r.ppl_base_unc = r.ppl_base * err;
+        mean_err(kl, kl2, n, &r.kld_mean, &r.kld_unc);
+        mean_err(lr, lr2, n, &r.ln_ratio_mean, &r.ln_ratio_unc);
+        qsort(klds, n, sizeof(double), cmp_double);
+#define PCT(q) klds[(int)fmin(n - 1, fmax(0, (q) * (n - 1) + 0.5))]
+        r.kld_min = klds[0];
+        r.kld_max = klds[n - 1];
+        r.kld_median = PCT(0.5);
+        r.kld_p999 = PCT(0.999);
+        r.kld_p99 = PCT(0.99);
+        r.kld_p10 = PCT(0.10);
+        r.kld_p5 = PCT(0.05);
+        r.kld_p1 = PCT(0.01);
+#undef PCT
+        r.same_top = (double)same / n;
+        r.dp_mean = dp / n;
+        r.dp_rms = sqrt(dp2 / n);
+    }
+    free(rec); free(lp); free(lpb); free(klds);
+    return r;
+}
+
+static void print_perplexity(const PplResult *r, int kld) {
+    printf("Final estimate: PPL = %.4f +/- %.5f   (%d scored tokens, %.1f tokens/s evaluated)\n", r->ppl, r->ppl_unc,
+           r->n_scored, r->tok_per_s);
+    if (!kld) return;
+    printf("\n====== Perplexity ======\n");
+    printf("PPL(ours)                   : %10.6f +/- %.6f\n", r->ppl, r->ppl_unc);
+    printf("PPL(base)                   : %10.6f +/- %.6f\n", r->ppl_base, r->ppl_base_unc);
+    printf("Mean ln(PPL(ours)/PPL(base)): %10.6f +/- %.6f\n", r->ln_ratio_mean, r->ln_ratio_unc);
+    printf("PPL(ours)/PPL(base)         : %10.6f\n", exp(r->ln_ratio_mean));
+    printf("\n====== KL divergence, KL(base || ours) ======\n");
+    printf("Mean    KLD: %.6f +/- %.6f\n", r->kld_mean, r->kld_unc);
+    printf("Maximum KLD: %.6f\n99.9%%   KLD: %.6f\n99.0%%   KLD: %.6f\nMedian  KLD: %.6f\n", r->kld_max, r->kld_p999,
+           r->kld_p99, r->kld_median);
+    printf("10.0%%   KLD: %.6f\n 5.0%%   KLD: %.6f\n 1.0%%   KLD: %.6f\nMinimum KLD: %.6f\n", r->kld_p10, r->kld_p5,
+           r->kld_p1, r->kld_min);
+    printf("\n====== Probability of the next token ======\n");
+    printf("Mean    dp : %+.4f %%  (ours minus the base's)\n", 100 * r->dp_mean);
+    printf("RMS     dp : %.4f %%\n", 100 * r->dp_rms);
+    printf("Same top p : %.3f %%\n", 100 * r->same_top);
+}
+
 #ifndef TESTING
 
 static void usage(void) {
@@ -3475,6 +3717,10 @@ static void usage(void) {
             "  --no-think        Qwen3/3.5 chat without the thinking phase (an empty <think></think> block)\n"
             "  --special         print control tokens such as <|im_end|>\n"
             "  --no-parse-special  treat special-token text in the prompt as plain text\n"
+            "  --perplexity      chunked perplexity of -f FILE (or --tokens) with chunks of -c tokens (default 512)\n"
+            "  --kl-divergence-base FILE  with --perplexity: write llama.cpp's KL-divergence base file\n"
+            "  --kl-divergence   with --kl-divergence-base FILE: score against that file (its tokens are used)\n"
+            "  --chunks N        at most N chunks\n"
             "  --tokenize        print the prompt's token ids (comma-separated) and exit; needs no GPU\n"
             "  --detokenize IDS  print the text of ids such as 9707,1879 and exit\n"
             "  -n N              tokens to generate (default 256)\n"
@@ -3501,6 +3747,8 @@ int main(int argc, char **argv) {
     const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *dump_path = NULL, *prompt_file = NULL;
     const char *detok_arg = NULL, *system_prompt = NULL;
     int tokenize = 0, chat = 0, no_think = 0, special = 0, parse_special = 1;
+    int ppl = 0, kld = 0, ctx_given = 0, max_chunks = 0;
+    const char *kld_base_path = NULL;
     int n_predict = 256, n_ctx = 4096, n_batch = 512, use_cpu = 0, compat_note = 0, bench = 0, info = 0;
     float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
     int top_k = 40;
@@ -3521,7 +3769,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--special")) special = 1;
         else if (!strcmp(a, "--no-parse-special")) parse_special = 0;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) n_predict = atoi(NEXT());
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) n_ctx = atoi(NEXT());
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { n_ctx = atoi(NEXT()); ctx_given = 1; }
+        else if (!strcmp(a, "--perplexity")) ppl = 1;
+        else if (!strcmp(a, "--kl-divergence")) kld = 1;
+        else if (!strcmp(a, "--kl-divergence-base")) kld_base_path = NEXT();
+        else if (!strcmp(a, "--chunks")) max_chunks = atoi(NEXT());
         else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) n_batch = atoi(NEXT());
         else if (!strcmp(a, "--temp")) temp = (float)atof(NEXT());
         else if (!strcmp(a, "--top-k")) top_k = atoi(NEXT());
@@ -3629,6 +3881,58 @@ int main(int argc, char **argv) {
     if (bench) {
         if (!gpu_available()) die("--bench needs a CUDA GPU");
         run_bench(&m, n_ctx);
+        gguf_close(&m.gguf);
+        return 0;
+    }
+    if (kld && !kld_base_path) die("--kl-divergence needs --kl-divergence-base FILE");
+    if ((kld || kld_base_path) && !ppl) ppl = 1;
+    if (ppl) { // perplexity, optionally writing or scoring a KL-divergence base file
+        if (!ctx_given) n_ctx = 512;
+        if (n_ctx < 4) die("-c %d: perplexity chunks need at least 4 tokens", n_ctx);
+        int *ptoks = NULL, n_tok = 0, n_chunk;
+        KldBase base;
+        memset(&base, 0, sizeof base);
+        if (kld) {
+            char err[600];
+            if (kld_base_read(&base, kld_base_path, c->n_vocab, err, sizeof err) != 0) die("%s", err);
+            if (ctx_given && (uint32_t)n_ctx != base.n_ctx)
+                die("-c %d differs from the %u tokens per chunk of '%s': leave -c out to use the file's", n_ctx, base.n_ctx,
+                    kld_base_path);
+            n_ctx = (int)base.n_ctx;
+            n_chunk = base.n_chunk;
+            ptoks = (int *)xmalloc((size_t)n_chunk * n_ctx * sizeof(int));
+            for (size_t i = 0; i < (size_t)n_chunk * n_ctx; i++) ptoks[i] = base.tokens[i];
+        } else {
+            if (tokens_arg) n_tok = parse_ids(tokens_arg, &ptoks);
+            else if (prompt) {
+                if (!have_tok) die("%s: %s (pass the text as ids with --tokens)", model_path, tok_err);
+                n_tok = tokenizer_encode(&tok, prompt, prompt_len, 0, &ptoks);
+            } else die("--perplexity needs text: -f FILE (or -p TEXT, or --tokens IDS)");
+            n_chunk = n_tok / n_ctx;
+            if (n_chunk == 0) die("--perplexity: the text has %d tokens, fewer than one chunk of -c %d", n_tok, n_ctx);
+            for (int i = 0; i < n_chunk * n_ctx; i++)
+                if (ptoks[i] < 0 || ptoks[i] >= c->n_vocab) die("token %d (id %d) is outside the vocabulary", i, ptoks[i]);
+        }
+        if (max_chunks > 0 && n_chunk > max_chunks) n_chunk = max_chunks;
+        if (n_ctx > c->n_ctx_train) die("-c %d is above the model's training context %d", n_ctx, c->n_ctx_train);
+        int use_gpu = !use_cpu;
+        if (use_gpu && !gpu_available()) die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
+        fprintf(stderr, "perplexity: %d chunks of %d tokens%s\n", n_chunk, n_ctx, kld ? ", scored against the base file" : "");
+        FILE *out = NULL;
+        if (kld_base_path && !kld) {
+            if (!(out = fopen(kld_base_path, "wb"))) die("cannot write '%s': %s", kld_base_path, strerror(errno));
+            kld_base_write_header(out, (uint32_t)n_ctx, c->n_vocab, n_chunk, ptoks);
+        }
+        Engine e;
+        engine_init(&e, &m, use_gpu, n_ctx);
+        PplResult r = perplexity(&e, ptoks, n_chunk, n_ctx, out, kld ? &base : NULL, 1);
+        if (out && fclose(out) != 0) die("writing '%s' failed", kld_base_path);
+        print_perplexity(&r, kld);
+        engine_free(&e);
+        free(ptoks);
+        free(base.data);
+        if (have_tok) tokenizer_free(&tok);
+        free(prompt_buf);
         gguf_close(&m.gguf);
         return 0;
     }

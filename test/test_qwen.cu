@@ -740,6 +740,9 @@ static void test_cli(void) {
         {"bad top-p", M "--cpu --tokens 1 --top-p 0", "top-p"},
         {"option without its value", M "--cpu --tokens", "needs a value"},
         {"bad --vram-limit", M "--vram-limit 15.5X --tokens 1", "expected a size"},
+        {"--kl-divergence without a base file", M "--cpu --kl-divergence --tokens 1,2,3,4", "needs --kl-divergence-base"},
+        {"--perplexity on fewer tokens than a chunk", M "--cpu --perplexity -c 64 --tokens 1,2,3,4", "fewer than one chunk"},
+        {"--kl-divergence with a foreign base file", M "--cpu --kl-divergence --kl-divergence-base Makefile", "not a KL-divergence base"},
     };
 #undef M
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1051,6 +1054,111 @@ static void test_tokenizer(void) {
     if (nt) pclose(nt);
     if (lines > 0) report(bad == 0, "NFC: Unicode NormalizationTest.txt, every line, 5 columns (failures)", bad, 0);
     else skip("NFC: Unicode NormalizationTest.txt", "/usr/share/unicode not installed (Debian package unicode-data)");
+}
+
+// =================================================================================================
+// Perplexity and llama.cpp's KL-divergence base files (CPU path)
+// =================================================================================================
+static void test_perplexity(void) {
+    char f32p[512], q40p[512], base[256];
+    snprintf(f32p, sizeof f32p, "%s/tiny-qwen3/tiny-qwen3-f32.gguf", DATA);
+    snprintf(q40p, sizeof q40p, "%s/tiny-qwen3/tiny-qwen3-q4_0.gguf", DATA);
+    if (!need_fixture(f32p, "perplexity: tiny-qwen3 f32") || !need_fixture(q40p, "perplexity: tiny-qwen3 q4_0")) return;
+    const Seq *seq = NULL;
+    for (int i = 0; i < n_seqs; i++) if (!strcmp(SEQS[i].name, "long")) seq = &SEQS[i];
+    if (!seq) { check(0, "perplexity: seq-long present"); return; }
+    snprintf(base, sizeof base, "/tmp/qwen_test_base_%d.kld", (int)getpid());
+    const int n_ctx = 256; // one chunk: the scored positions 128..254 are rows of the reference files
+    Model mf, mq;
+    model_open(&mf, f32p);
+    model_open(&mq, q40p);
+    Engine ef, eq;
+    engine_init(&ef, &mf, 0, n_ctx);
+    engine_init(&eq, &mq, 0, n_ctx);
+    FILE *f = fopen(base, "wb");
+    kld_base_write_header(f, n_ctx, mf.c.n_vocab, 1, seq->ids);
+    PplResult w = perplexity(&ef, seq->ids, 1, n_ctx, f, NULL, 0);
+    fclose(f);
+    // the NLL straight from the exact reference logits
+    char path[600];
+    size_t rn, qn;
+    snprintf(path, sizeof path, "%s/tiny-qwen3/tiny-qwen3-f32-long.f32", DATA);
+    float *ref = read_f32(path, &rn);
+    snprintf(path, sizeof path, "%s/tiny-qwen3/tiny-qwen3-q4_0-long.f32", DATA);
+    float *refq = read_f32(path, &qn);
+    int V = mf.c.n_vocab;
+    double nll = 0, kl = 0, *lp = (double *)xmalloc(V * sizeof(double)), *lq = (double *)xmalloc(V * sizeof(double));
+    for (int j = n_ctx / 2; j <= n_ctx - 2; j++) {
+        log_softmax(ref + (size_t)j * V, V, lp);
+        log_softmax(refq + (size_t)j * V, V, lq);
+        nll -= lp[seq->ids[j + 1]];
+        for (int i = 0; i < V; i++) kl += exp(lp[i]) * (lp[i] - lq[i]);
+    }
+    int ns = n_ctx - 1 - n_ctx / 2;
+    double ppl_ref = exp(nll / ns), kl_ref = kl / ns;
+    report(fabs(w.ppl - ppl_ref) / ppl_ref <= 1e-4, "perplexity: PPL of tiny-qwen3 f32 (seq-long, -c 256) vs the exact logits' PPL: rel. diff",
+           fabs(w.ppl - ppl_ref) / ppl_ref, 1e-4);
+    KldBase b;
+    char err[600];
+    int rc = kld_base_read(&b, base, V, err, sizeof err);
+    check(rc == 0 && b.n_ctx == (uint32_t)n_ctx && b.n_chunk == 1 && !memcmp(b.tokens, seq->ids, n_ctx * 4),
+          "kl-divergence base: written file reads back (header, tokens)");
+    if (rc == 0) {
+        // Against itself the KLD is what the u16 format leaves: log-probabilities in steps of at most
+        // 16/65535 nats, clamped 16 nats below the top. Work that floor out from the exact logits; the
+        // measured KLD must be that and nothing more.
+        double floor_kl = 0, *lb = (double *)xmalloc(V * sizeof(double));
+        uint16_t *rec = (uint16_t *)xmalloc(kld_record_words(V) * 2);
+        for (int j = n_ctx / 2; j <= n_ctx - 2; j++) {
+            kld_encode(ref + (size_t)j * V, V, rec);
+            kld_decode(rec, V, lb);
+            log_softmax(ref + (size_t)j * V, V, lp);
+            for (int i = 0; i < V; i++) floor_kl += exp(lb[i]) * (lb[i] - lp[i]);
+        }
+        floor_kl /= ns;
+        free(lb); free(rec);
+        PplResult self = perplexity(&ef, seq->ids, 1, n_ctx, NULL, &b, 0);
+        printf("info kl-divergence: f32 against its own base: KLD %.3g, the format's floor %.3g\n", self.kld_mean, floor_kl);
+        report(fabs(self.kld_mean - floor_kl) <= 1e-6 && self.same_top == 1.0,
+               "kl-divergence base: f32 against its own base: KLD minus the u16 format's floor (same top 100 %)",
+               fabs(self.kld_mean - floor_kl), 1e-6);
+        PplResult q = perplexity(&eq, seq->ids, 1, n_ctx, NULL, &b, 0);
+        // the u16 log-probabilities: steps of at most 16/65535 nats, and the tail below max - 16 clamped
+        double d = fabs(q.kld_mean - kl_ref);
+        report(d <= 1e-3 * fmax(1.0, kl_ref), "kl-divergence base: q4_0 scored against the f32 base vs KL from the exact logits: |d|",
+               d, 1e-3 * fmax(1.0, kl_ref));
+        printf("info kl-divergence: KL(f32 || q4_0) from the base file %.6f, from the exact logits %.6f\n", q.kld_mean, kl_ref);
+        free(b.data);
+    }
+    // broken files are refused with a reason
+    {
+        size_t len;
+        char *whole = read_file(base, &len), tpath[300], e2[600];
+        snprintf(tpath, sizeof tpath, "%s.trunc", base);
+        FILE *t = fopen(tpath, "wb");
+        fwrite(whole, 1, len - 100, t);
+        fclose(t);
+        KldBase x;
+        int r1 = kld_base_read(&x, tpath, V, e2, sizeof e2);
+        check(r1 != 0 && strstr(e2, "truncated"), "kl-divergence base: a truncated file is refused");
+        free(x.data);
+        whole[0] = 'X';
+        t = fopen(tpath, "wb");
+        fwrite(whole, 1, len, t);
+        fclose(t);
+        int r2 = kld_base_read(&x, tpath, V, e2, sizeof e2);
+        check(r2 != 0 && strstr(e2, "not a KL-divergence base file"), "kl-divergence base: a foreign file is refused");
+        free(x.data);
+        int r3 = kld_base_read(&x, base, V + 1, e2, sizeof e2);
+        check(r3 != 0 && strstr(e2, "not comparable"), "kl-divergence base: another vocabulary is refused");
+        free(x.data);
+        unlink(tpath);
+        free(whole);
+    }
+    unlink(base);
+    free(ref); free(refq); free(lp); free(lq);
+    engine_free(&ef); engine_free(&eq);
+    gguf_close(&mf.gguf); gguf_close(&mq.gguf);
 }
 
 // =================================================================================================
@@ -1671,6 +1779,7 @@ int main(int argc, char **argv) {
     test_tokenizer();
     test_cli();
     test_budget();
+    test_perplexity();
     test_models(0);
 
     test_gpu_quantize();
