@@ -660,7 +660,7 @@ static const int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -1
 //   sub-blocks 0..3: scale = s[j] & 63,                     min = s[j+4] & 63
 //   sub-blocks 4..7: scale = low 4 of s[j+4] | top 2 of s[j-4] << 4,
 //                    min   = high 4 of s[j+4] | top 2 of s[j] << 4
-static void k_scale_min(int j, const uint8_t *s, int *sc, int *m) {
+__host__ __device__ static void k_scale_min(int j, const uint8_t *s, int *sc, int *m) {
     if (j < 4) {
         *sc = s[j] & 63;
         *m = s[j + 4] & 63;
@@ -1547,17 +1547,13 @@ template <> __device__ float dot32<GGML_TYPE_IQ4_XS>(const uint8_t *row, int u, 
     for (int j = 0; j < 16; j++) s += D_KVALUES_IQ4NL[q[j] & 0xf] * x[j] + D_KVALUES_IQ4NL[q[j] >> 4] * x[j + 16];
     return h2f(b->d) * (ls - 32) * s;
 }
-__device__ __forceinline__ void k_scale_min_dev(int j, const uint8_t *s, int *sc, int *m) {
-    if (j < 4) { *sc = s[j] & 63; *m = s[j + 4] & 63; }
-    else { *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4); *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
-}
 template <> __device__ float dot32<GGML_TYPE_Q4_K>(const uint8_t *row, int u, const float *x, int) {
     const block_q4_K *b = (const block_q4_K *)row + u / 8;
     int sub = u % 8, shift = 4 * (sub % 2); // sub-block 2c: low nibbles of qs[32c..], 2c+1: high
     x += 32 * u;
     const uint8_t *q = b->qs + 32 * (sub / 2);
     int sc, m;
-    k_scale_min_dev(sub, b->scales, &sc, &m);
+    k_scale_min(sub, b->scales, &sc, &m);
     float sq = 0.0f, sx = 0.0f;
     for (int l = 0; l < 32; l++) { sq += ((q[l] >> shift) & 0xf) * x[l]; sx += x[l]; }
     return h2f(b->d) * sc * sq - h2f(b->dmin) * m * sx;
@@ -1568,7 +1564,7 @@ template <> __device__ float dot32<GGML_TYPE_Q5_K>(const uint8_t *row, int u, co
     x += 32 * u;
     const uint8_t *q = b->qs + 32 * (sub / 2);
     int sc, m;
-    k_scale_min_dev(sub, b->scales, &sc, &m);
+    k_scale_min(sub, b->scales, &sc, &m);
     float sq = 0.0f, sx = 0.0f;
     for (int l = 0; l < 32; l++) {
         int v = ((q[l] >> shift) & 0xf) + 16 * ((b->qh[l] >> sub) & 1);
