@@ -3206,10 +3206,9 @@ static float *engine_forward(Engine *e, int token, int pos) {
 
 // Bytes the GPU moves to produce one token at context length n_past: every uploaded weight once,
 // the K and V cache rows of every attention layer, the DeltaNet states read and written.
-static double bytes_per_token(const Engine *e, double n_past) {
-    const Config *c = &e->m->c;
-    return (double)e->gpu.weight_bytes + 2.0 * c->n_kv_layers * n_past * c->n_head_kv * c->head_dim * sizeof(__half) +
-           2.0 * e->gpu.state_bytes;
+static double bytes_per_token(const Config *c, const GpuState *s, double n_past) {
+    return (double)s->weight_bytes + 2.0 * c->n_kv_layers * n_past * c->n_head_kv * c->head_dim * sizeof(__half) +
+           2.0 * s->state_bytes;
 }
 
 // Parse "1,2,3" into ids; returns the count.
@@ -3306,9 +3305,7 @@ static void run_bench(Model *m, int n_ctx) {
         float ms;
         CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         ms /= reps;
-        // weights once, the K and V rows of every attention layer, the DeltaNet states read and written
-        double bytes = (double)s.weight_bytes + 2.0 * m->c.n_kv_layers * (ctxs[ci] + 1) * m->c.n_head_kv * m->c.head_dim * 2 +
-                       2.0 * s.state_bytes;
+        double bytes = bytes_per_token(&m->c, &s, ctxs[ci] + 1);
         double bw = bytes / (ms * 1e-3);
         printf("  %7d  %8.3f GB  %9.3f  %7.1f  %7.0f   %5.1f %%\n", ctxs[ci], bytes / 1e9, ms, 1e3 / ms, bw / 1e9,
                100.0 * bw / copy_bw);
@@ -4005,7 +4002,7 @@ int main(int argc, char **argv) {
             double t1 = now_sec();
             logits = engine_forward(&e, next, pos);
             t_gen += now_sec() - t1;
-            if (use_gpu) bytes += bytes_per_token(&e, pos + 1);
+            if (use_gpu) bytes += bytes_per_token(c, &e.gpu, pos + 1);
             pos++;
             n_eval++;
         }
