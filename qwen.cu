@@ -2642,13 +2642,13 @@ static size_t budget_need(const Budget *b) { // what must be free on top of the 
 
 static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *base);
 
-// The arithmetic part: what the model needs at context n_ctx (no GPU needed).
+// The arithmetic part: what the model needs at context n_ctx (no GPU needed). Sets every field but
+// the card's (context, card_total, card_free, measured).
 static void budget_compute(Budget *b, Model *m, int n_ctx) {
     static Tensor *list[16 + MAX_LAYERS * 24];
-    size_t ctx = b->context, total = b->card_total, fr = b->card_free;
-    int measured = b->measured;
-    memset(b, 0, sizeof *b);
-    b->context = ctx; b->card_total = total; b->card_free = fr; b->measured = measured;
+    memset(b->weights_by_type, 0, sizeof b->weights_by_type); // the card's fields stay as measured
+    b->weights = 0;
+    b->weight_elems = 0;
     int n = gpu_weight_list(m, list);
     for (int i = 0; i < n; i++) {
         b->weights_by_type[list[i]->type] += ALIGN256(list[i]->nbytes);
@@ -3959,7 +3959,7 @@ int main(int argc, char **argv) {
     FILE *dump = NULL;
     if (dump_path && !(dump = fopen(dump_path, "wb"))) die("cannot write '%s': %s", dump_path, strerror(errno));
     Stream out = {{0}, 0, stdout};
-    int pos = 0, n_prompt_total = 0, n_eval = 0, turn_no = 0;
+    int pos = 0, n_prompt_total = 0, n_eval = 0;
     double t_prompt = 0.0, t_gen = 0.0, bytes = 0.0;
     for (;;) { // one turn: feed the prompt, then sample until end of generation or -n
         if (pos + n_prompt > n_ctx) {
@@ -4023,7 +4023,6 @@ int main(int argc, char **argv) {
         free(tids);
         free(turn);
         free(line);
-        turn_no++;
     }
     fprintf(stderr, "\nprompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
             t_prompt * 1e3, n_prompt_total, t_prompt * 1e3 / n_prompt_total, n_prompt_total / t_prompt);
@@ -4041,7 +4040,6 @@ int main(int argc, char **argv) {
                 "%.3f GiB now%s\n", e.gpu.peak_used / 1073741824.0, (tot - fr) / 1073741824.0,
                 g_vram_limit > 0 ? (e.gpu.peak_used <= g_vram_limit ? ", within --vram-limit" : ", OVER --vram-limit") : "");
     }
-    (void)turn_no;
     engine_free(&e);
     if (have_tok) tokenizer_free(&tok);
     free(ids);
