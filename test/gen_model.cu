@@ -320,18 +320,9 @@ int main(int argc, char **argv) {
                 uint64_t len;
                 const char *t = gguf_next_str(&p, &len);
                 put_strn(&kv, t, (size_t)len);
-            } else if (!toks && i < 256) { // byte tokens through GPT-2's byte map
-                int cp = i;
-                int self = (i >= 0x21 && i <= 0x7e) || (i >= 0xa1 && i <= 0xac) || (i >= 0xae && i <= 0xff);
-                if (!self) {
-                    int k = 0;
-                    for (int b = 0; b < i; b++)
-                        if (!((b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff))) k++;
-                    cp = 256 + k;
-                }
+            } else if (!toks && i < 256) { // byte tokens through GPT-2's byte map (tokenizer.c)
                 char u[4];
-                int n = cp < 0x80 ? (u[0] = (char)cp, 1) : (u[0] = (char)(0xc0 | (cp >> 6)), u[1] = (char)(0x80 | (cp & 0x3f)), 2);
-                put_strn(&kv, u, n);
+                put_strn(&kv, u, cp_to_utf8((uint32_t)byte_to_codepoint(i), u));
             } else if (!toks && i == V - 2) {
                 put_str(&kv, "<|endoftext|>");
             } else if (!toks && i == V - 1) {
