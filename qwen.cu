@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include <cuda_fp16.h>
+#include <mma.h>
 #include <cuda_runtime.h>
 
 // ------------------------------------------------------------------------------------------------
@@ -1459,131 +1460,96 @@ __device__ __forceinline__ float h2f(uint16_t bits) { return __half2float(__usho
 __device__ const int8_t D_KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                1,    13,   25,  38,  53,  69,  89,  113};
 
-// --- generic mat-vec: dot products over units of 32 weights -------------------------------------
-// dot32<TYPE>(row, u, x, n_in) = sum_{j<32} w[32u + j] * x[32u + j], where w is the dequantized row
-// (exactly the values of dequant_row). Every supported type splits into such units: a 32-block is
-// one unit, a 256-superblock is eight. Float types bound the last unit by n_in.
+// --- generic mat-vec: units of 32 weights ---------------------------------------------------------
+// dq32<TYPE>(row, u, w, n_in) writes w[j] = element 32u + j of the dequantized row (exactly the
+// values of dequant_row; float types give 0 past n_in). Every supported type splits into such units:
+// a 32-block is one unit, a 256-superblock is eight. The generic mat-vec dots the units with x; the
+// prefill's weight tiles (section 6b) are built from the same units.
 
-template <int TYPE> __device__ float dot32(const uint8_t *row, int u, const float *x, int n_in);
+template <int TYPE> __device__ void dq32(const uint8_t *row, int u, float *w, int n_in);
 
-template <> __device__ float dot32<GGML_TYPE_F32>(const uint8_t *row, int u, const float *x, int n_in) {
-    const float *w = (const float *)row;
-    float s = 0.0f;
-    for (int j = 32 * u; j < 32 * u + 32 && j < n_in; j++) s += w[j] * x[j];
-    return s;
+template <> __device__ void dq32<GGML_TYPE_F32>(const uint8_t *row, int u, float *w, int n_in) {
+    for (int j = 0; j < 32; j++) w[j] = 32 * u + j < n_in ? ((const float *)row)[32 * u + j] : 0.0f;
 }
-template <> __device__ float dot32<GGML_TYPE_F16>(const uint8_t *row, int u, const float *x, int n_in) {
-    const uint16_t *w = (const uint16_t *)row;
-    float s = 0.0f;
-    for (int j = 32 * u; j < 32 * u + 32 && j < n_in; j++) s += h2f(w[j]) * x[j];
-    return s;
+template <> __device__ void dq32<GGML_TYPE_F16>(const uint8_t *row, int u, float *w, int n_in) {
+    for (int j = 0; j < 32; j++) w[j] = 32 * u + j < n_in ? h2f(((const uint16_t *)row)[32 * u + j]) : 0.0f;
 }
-template <> __device__ float dot32<GGML_TYPE_BF16>(const uint8_t *row, int u, const float *x, int n_in) {
-    const uint16_t *w = (const uint16_t *)row;
-    float s = 0.0f;
-    for (int j = 32 * u; j < 32 * u + 32 && j < n_in; j++) s += __uint_as_float((uint32_t)w[j] << 16) * x[j];
-    return s;
+template <> __device__ void dq32<GGML_TYPE_BF16>(const uint8_t *row, int u, float *w, int n_in) {
+    for (int j = 0; j < 32; j++)
+        w[j] = 32 * u + j < n_in ? __uint_as_float((uint32_t)((const uint16_t *)row)[32 * u + j] << 16) : 0.0f;
 }
-template <> __device__ float dot32<GGML_TYPE_Q4_0>(const uint8_t *row, int u, const float *x, int) {
+template <> __device__ void dq32<GGML_TYPE_Q4_0>(const uint8_t *row, int u, float *w, int) {
     const block_q4_0 *b = (const block_q4_0 *)row + u;
-    x += 32 * u;
-    float s = 0.0f;
-    for (int j = 0; j < 16; j++) s += ((b->qs[j] & 0xf) - 8) * x[j] + ((b->qs[j] >> 4) - 8) * x[j + 16];
-    return h2f(b->d) * s;
+    float d = h2f(b->d);
+    for (int j = 0; j < 16; j++) { w[j] = d * ((b->qs[j] & 0xf) - 8); w[j + 16] = d * ((b->qs[j] >> 4) - 8); }
 }
-template <> __device__ float dot32<GGML_TYPE_Q4_1>(const uint8_t *row, int u, const float *x, int) {
+template <> __device__ void dq32<GGML_TYPE_Q4_1>(const uint8_t *row, int u, float *w, int) {
     const block_q4_1 *b = (const block_q4_1 *)row + u;
-    x += 32 * u;
-    float d = h2f(b->d), m = h2f(b->m), s = 0.0f;
-    for (int j = 0; j < 16; j++) s += (d * (b->qs[j] & 0xf) + m) * x[j] + (d * (b->qs[j] >> 4) + m) * x[j + 16];
-    return s;
+    float d = h2f(b->d), m = h2f(b->m);
+    for (int j = 0; j < 16; j++) { w[j] = d * (b->qs[j] & 0xf) + m; w[j + 16] = d * (b->qs[j] >> 4) + m; }
 }
-template <> __device__ float dot32<GGML_TYPE_Q5_0>(const uint8_t *row, int u, const float *x, int) {
+template <> __device__ void dq32<GGML_TYPE_Q5_0>(const uint8_t *row, int u, float *w, int) {
     const block_q5_0 *b = (const block_q5_0 *)row + u;
-    x += 32 * u;
     uint32_t qh = b->qh[0] | (b->qh[1] << 8) | (b->qh[2] << 16) | ((uint32_t)b->qh[3] << 24);
-    float s = 0.0f;
+    float d = h2f(b->d);
     for (int j = 0; j < 16; j++) {
-        int q0 = ((b->qs[j] & 0xf) | (((qh >> j) & 1) << 4)) - 16;
-        int q1 = ((b->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16;
-        s += q0 * x[j] + q1 * x[j + 16];
+        w[j] = d * ((int)((b->qs[j] & 0xf) | (((qh >> j) & 1) << 4)) - 16);
+        w[j + 16] = d * ((int)((b->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
     }
-    return h2f(b->d) * s;
 }
-template <> __device__ float dot32<GGML_TYPE_Q5_1>(const uint8_t *row, int u, const float *x, int) {
+template <> __device__ void dq32<GGML_TYPE_Q5_1>(const uint8_t *row, int u, float *w, int) {
     const block_q5_1 *b = (const block_q5_1 *)row + u;
-    x += 32 * u;
     uint32_t qh = b->qh[0] | (b->qh[1] << 8) | (b->qh[2] << 16) | ((uint32_t)b->qh[3] << 24);
-    float d = h2f(b->d), m = h2f(b->m), s = 0.0f;
+    float d = h2f(b->d), m = h2f(b->m);
     for (int j = 0; j < 16; j++) {
-        int q0 = (b->qs[j] & 0xf) | (((qh >> j) & 1) << 4);
-        int q1 = (b->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
-        s += (d * q0 + m) * x[j] + (d * q1 + m) * x[j + 16];
+        w[j] = d * ((b->qs[j] & 0xf) | (((qh >> j) & 1) << 4)) + m;
+        w[j + 16] = d * ((b->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
     }
-    return s;
 }
-template <> __device__ float dot32<GGML_TYPE_Q8_0>(const uint8_t *row, int u, const float *x, int) {
+template <> __device__ void dq32<GGML_TYPE_Q8_0>(const uint8_t *row, int u, float *w, int) {
     const block_q8_0 *b = (const block_q8_0 *)row + u;
-    x += 32 * u;
-    float s = 0.0f;
-    for (int j = 0; j < 32; j++) s += b->qs[j] * x[j];
-    return h2f(b->d) * s;
+    float d = h2f(b->d);
+    for (int j = 0; j < 32; j++) w[j] = d * b->qs[j];
 }
-template <> __device__ float dot32<GGML_TYPE_IQ4_NL>(const uint8_t *row, int u, const float *x, int) {
+template <> __device__ void dq32<GGML_TYPE_IQ4_NL>(const uint8_t *row, int u, float *w, int) {
     const block_iq4_nl *b = (const block_iq4_nl *)row + u;
-    x += 32 * u;
-    float s = 0.0f;
-    for (int j = 0; j < 16; j++)
-        s += D_KVALUES_IQ4NL[b->qs[j] & 0xf] * x[j] + D_KVALUES_IQ4NL[b->qs[j] >> 4] * x[j + 16];
-    return h2f(b->d) * s;
+    float d = h2f(b->d);
+    for (int j = 0; j < 16; j++) { w[j] = d * D_KVALUES_IQ4NL[b->qs[j] & 0xf]; w[j + 16] = d * D_KVALUES_IQ4NL[b->qs[j] >> 4]; }
 }
-template <> __device__ float dot32<GGML_TYPE_IQ4_XS>(const uint8_t *row, int u, const float *x, int) {
+template <> __device__ void dq32<GGML_TYPE_IQ4_XS>(const uint8_t *row, int u, float *w, int) {
     const block_iq4_xs *b = (const block_iq4_xs *)row + u / 8;
     int ib = u % 8;
-    x += 32 * u;
     int ls = ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+    float dl = h2f(b->d) * (ls - 32);
     const uint8_t *q = b->qs + 16 * ib;
-    float s = 0.0f;
-    for (int j = 0; j < 16; j++) s += D_KVALUES_IQ4NL[q[j] & 0xf] * x[j] + D_KVALUES_IQ4NL[q[j] >> 4] * x[j + 16];
-    return h2f(b->d) * (ls - 32) * s;
+    for (int j = 0; j < 16; j++) { w[j] = dl * D_KVALUES_IQ4NL[q[j] & 0xf]; w[j + 16] = dl * D_KVALUES_IQ4NL[q[j] >> 4]; }
 }
-template <> __device__ float dot32<GGML_TYPE_Q4_K>(const uint8_t *row, int u, const float *x, int) {
+template <> __device__ void dq32<GGML_TYPE_Q4_K>(const uint8_t *row, int u, float *w, int) {
     const block_q4_K *b = (const block_q4_K *)row + u / 8;
     int sub = u % 8, shift = 4 * (sub % 2); // sub-block 2c: low nibbles of qs[32c..], 2c+1: high
-    x += 32 * u;
     const uint8_t *q = b->qs + 32 * (sub / 2);
     int sc, m;
     k_scale_min(sub, b->scales, &sc, &m);
-    float sq = 0.0f, sx = 0.0f;
-    for (int l = 0; l < 32; l++) { sq += ((q[l] >> shift) & 0xf) * x[l]; sx += x[l]; }
-    return h2f(b->d) * sc * sq - h2f(b->dmin) * m * sx;
+    float d = h2f(b->d) * sc, dm = h2f(b->dmin) * m;
+    for (int l = 0; l < 32; l++) w[l] = d * ((q[l] >> shift) & 0xf) - dm;
 }
-template <> __device__ float dot32<GGML_TYPE_Q5_K>(const uint8_t *row, int u, const float *x, int) {
+template <> __device__ void dq32<GGML_TYPE_Q5_K>(const uint8_t *row, int u, float *w, int) {
     const block_q5_K *b = (const block_q5_K *)row + u / 8;
     int sub = u % 8, shift = 4 * (sub % 2);
-    x += 32 * u;
     const uint8_t *q = b->qs + 32 * (sub / 2);
     int sc, m;
     k_scale_min(sub, b->scales, &sc, &m);
-    float sq = 0.0f, sx = 0.0f;
-    for (int l = 0; l < 32; l++) {
-        int v = ((q[l] >> shift) & 0xf) + 16 * ((b->qh[l] >> sub) & 1);
-        sq += v * x[l];
-        sx += x[l];
-    }
-    return h2f(b->d) * sc * sq - h2f(b->dmin) * m * sx;
+    float d = h2f(b->d) * sc, dm = h2f(b->dmin) * m;
+    for (int l = 0; l < 32; l++) w[l] = d * (((q[l] >> shift) & 0xf) + 16 * ((b->qh[l] >> sub) & 1)) - dm;
 }
-template <> __device__ float dot32<GGML_TYPE_Q6_K>(const uint8_t *row, int u, const float *x, int) {
+template <> __device__ void dq32<GGML_TYPE_Q6_K>(const uint8_t *row, int u, float *w, int) {
     const block_q6_K *b = (const block_q6_K *)row + u / 8;
     int sub = u % 8, n = sub / 4, j = sub % 4; // half n, quarter j: (low|high nibble) x (ql|ql+32)
-    x += 32 * u;
     const uint8_t *ql = b->ql + 64 * n + 32 * (j % 2), *qh = b->qh + 32 * n;
-    const int8_t *sc = b->scales + 8 * n + 2 * j;
+    const int8_t *sc = b->scales + 8 * n + 2 * j; // the two 16-element halves have their own scale
     int lshift = 4 * (j / 2), hshift = 2 * j;
-    float s0 = 0.0f, s1 = 0.0f; // the two 16-element halves have their own scale
-    for (int l = 0; l < 16; l++) s0 += ((((ql[l] >> lshift) & 0xf) | (((qh[l] >> hshift) & 3) << 4)) - 32) * x[l];
-    for (int l = 16; l < 32; l++) s1 += ((((ql[l] >> lshift) & 0xf) | (((qh[l] >> hshift) & 3) << 4)) - 32) * x[l];
-    return h2f(b->d) * (sc[0] * s0 + sc[1] * s1);
+    float d = h2f(b->d);
+    for (int l = 0; l < 32; l++) w[l] = d * sc[l / 16] * ((((ql[l] >> lshift) & 0xf) | (((qh[l] >> hshift) & 3) << 4)) - 32);
 }
 
 // y[r] = W[r,:] . x (+ bias[r]) (+ y[r] when accumulate). One warp per row; the lanes take the
@@ -1601,7 +1567,12 @@ __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride
     const uint8_t *w = W + (size_t)row * row_stride;
     int n_units = (n_in + 31) / 32;
     float sum = 0.0f;
-    for (int u = lane; u < n_units; u += WARP) sum += dot32<TYPE>(w, u, x, n_in);
+    for (int u = lane; u < n_units; u += WARP) {
+        float wu[32];
+        dq32<TYPE>(w, u, wu, n_in);
+        const float *xu = x + 32 * u;
+        for (int j = 0; j < 32 && 32 * u + j < n_in; j++) sum += wu[j] * xu[j];
+    }
     sum = warp_sum(sum);
     if (lane == 0) {
         if (bias) sum += bias[row];
@@ -2103,7 +2074,8 @@ static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float
 }
 
 // Per head: optional RMSNorm (qwen3/qwen35's q/k norm), NEOX RoPE on the first n_rot dims, then k
-// and v appended to the fp16 cache at *pos. Grid: n_head + n_kv blocks, q heads first. Query head h
+// and v appended to the fp16 cache at *pos. Grid: n_head + n_kv blocks, q heads first; a prefill
+// adds a grid row per batch row t (position *pos + t, every pointer advanced by t rows). Query head h
 // is read from q_src + h*q_stride (qwen35 interleaves q with its gate) and written to q (may be the
 // same memory). C twin: rmsnorm_c per head, rope_neox_c, and the copy into the cache in
 // attention_block_cpu.
@@ -2119,7 +2091,11 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
                                          const int *pos_p, int n_head, int n_kv, int hd, int n_rot,
                                          float base, float freq_scale, float eps) {
     extern __shared__ float buf[]; // (hd)
-    int h = blockIdx.x, pos = *pos_p;
+    int h = blockIdx.x, t = blockIdx.y, pos = *pos_p + t; // prefill: row t of the batch (decode: 0)
+    q += (size_t)t * n_head * hd;
+    q_src += (size_t)t * n_head * q_stride;
+    k += (size_t)t * n_kv * hd;
+    v += (size_t)t * n_kv * hd;
     int is_q = h < n_head;
     const float *src = is_q ? q_src + (size_t)h * q_stride : k + (size_t)(h - n_head) * hd;
     const float *nw = is_q ? q_norm : k_norm;
@@ -2307,6 +2283,24 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
 
 // --- Gated DeltaNet (qwen35) ---------------------------------------------------------------------
 
+// Finish channel *y of head block b of [q heads | k heads | v heads] after the conv: q and k heads
+// are L2-normalised, y / max(||y||, eps); thread 0 of a v head's block computes the head's gates
+//   g = softplus(alpha + dt_bias) * a  (the log decay),   beta = sigmoid(beta_raw).
+// All threads of the block call it (the norm is a block reduction).
+__device__ void gdn_head_finish(float *y, int b, int Hk, int Hv, const float *beta_raw, const float *alpha_raw,
+                                const float *dt_bias, const float *ssm_a, float *gb /* (2, Hv) */, float eps) {
+    if (b < 2 * Hk) {
+        float v = *y;
+        float ss = block_sum(v * v);
+        *y = v / fmaxf(sqrtf(ss), eps);
+    } else if (threadIdx.x == 0) {
+        int hv = b - 2 * Hk;
+        float x = alpha_raw[hv] + dt_bias[hv];
+        gb[hv] = (x > 20.0f ? x : logf(1.0f + expf(x))) * ssm_a[hv];
+        gb[Hv + hv] = 1.0f / (1.0f + expf(-beta_raw[hv]));
+    }
+}
+
 // Causal conv + SiLU of the q/k/v projections, L2 norm of each q and k head, and the gates of each v
 // head. Grid: 2*Hk + Hv blocks of S threads; block b holds channels [b*S, (b+1)*S) of
 // [q heads | k heads | v heads]. In place on mixed. C twins: gdn_conv_c, l2norm_c, and the gates
@@ -2327,58 +2321,112 @@ __global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: p
     cs[c] = win1;
     cs[conv_dim + c] = win2;
     cs[2 * conv_dim + c] = win3;
-    if ((int)blockIdx.x < 2 * Hk) { // q or k head: L2 norm, y / max(||y||, eps)
-        float ss = block_sum(y * y);
-        y /= fmaxf(sqrtf(ss), eps);
-    } else if (threadIdx.x == 0) {
-        int hv = blockIdx.x - 2 * Hk;
-        float x = alpha_raw[hv] + dt_bias[hv];
-        gb[hv] = (x > 20.0f ? x : logf(1.0f + expf(x))) * ssm_a[hv];
-        gb[Hv + hv] = 1.0f / (1.0f + expf(-beta_raw[hv]));
-    }
     mixed[c] = y;
+    gdn_head_finish(&mixed[c], blockIdx.x, Hk, Hv, beta_raw, alpha_raw, dt_bias, ssm_a, gb, eps);
 }
 
-// The gated delta rule for one token: one warp per state row (value index j) of one v head; the
-// row's S floats stay in registers between the two dot products. Grid (Hv, S / GDN_ROWS).
+// The gated delta rule for T consecutive tokens: each warp owns R state rows (value indices j) of one
+// v head; the rows' S floats stay in registers (NT = S/32 per lane and row) from the first token to
+// the last, and the R rows share the loads of q and k (a prompt uses R = 4, a single token R = 1 to
+// spread over more SMs). Grid (Hv, S / (GDN_ROWS * R)). Per token and row:
 //   M = M * exp(g);  delta_j = beta * (v_j - M_j . k);  M_j += delta_j k;  o_j = M_j . q / sqrt(S)
 // C twin: gdn_step_c.
-#define GDN_ROWS 4
-#define GDN_MAX_T 8 // S <= 256: at most 8 values per lane
+#define GDN_ROWS 4 // warps per block
+template <int NT, int R>
 __global__ void __launch_bounds__(GDN_ROWS * WARP)
 gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
-                const float *qkv,  // (conv_dim) [q (Hk,S) | k (Hk,S) | v (Hv,S)] after conv and norm
-                const float *gb,   // (2, Hv) g, beta
-                float *o,          // (Hv, S) out
-                int S, int Hk, int Hv) {
+                const float *qkv,  // (T, conv_dim) [q (Hk,S) | k (Hk,S) | v (Hv,S)] after conv and norm
+                const float *gb,   // (T, 2, Hv) g, beta
+                float *o,          // (T, Hv, S) out
+                int S, int Hk, int Hv, int T) {
     int hv = blockIdx.x, hk = hv % Hk, lane = threadIdx.x % WARP;
-    int j = blockIdx.y * GDN_ROWS + threadIdx.x / WARP;
-    if (j >= S) return;
-    const float *q = qkv + (size_t)hk * S, *k = qkv + (size_t)(Hk + hk) * S, *v = qkv + (size_t)(2 * Hk + hv) * S;
-    float *row = state + ((size_t)hv * S + j) * S;
-    float decay = __expf(gb[hv]), beta = gb[Hv + hv];
-    float m[GDN_MAX_T], kk[GDN_MAX_T];
-    float kv = 0.0f;
+    int j0 = (blockIdx.y * GDN_ROWS + threadIdx.x / WARP) * R; // this warp's rows j0 .. j0+R-1
+    if (j0 >= S) return;
+    size_t conv_dim = (size_t)(2 * Hk + Hv) * S;
+    float m[R][NT];
 #pragma unroll
-    for (int t = 0; t < GDN_MAX_T; t++) {
-        int i = lane + WARP * t;
-        m[t] = i < S ? row[i] * decay : 0.0f;
-        kk[t] = i < S ? k[i] : 0.0f;
-        kv += m[t] * kk[t];
-    }
-    float delta = beta * (v[j] - warp_sum(kv));
-    float oq = 0.0f;
+    for (int r = 0; r < R; r++)
 #pragma unroll
-    for (int t = 0; t < GDN_MAX_T; t++) {
-        int i = lane + WARP * t;
-        if (i < S) {
-            m[t] += delta * kk[t];
-            row[i] = m[t];
-            oq += m[t] * q[i];
+        for (int t = 0; t < NT; t++) m[r][t] = state[((size_t)hv * S + j0 + r) * S + lane + WARP * t];
+    // the next token's q, k, v, g, beta are loaded while the current one is worked on
+    float qn[NT], kn[NT], vn[R], gn = 0.0f, bn = 0.0f;
+    auto fetch = [&](int tok) {
+        const float *x = qkv + tok * conv_dim;
+        const float *q = x + (size_t)hk * S, *k = x + (size_t)(Hk + hk) * S;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            qn[t] = q[lane + WARP * t];
+            kn[t] = k[lane + WARP * t];
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) vn[r] = x[(size_t)(2 * Hk + hv) * S + j0 + r];
+        gn = gb[(size_t)tok * 2 * Hv + hv];
+        bn = gb[(size_t)tok * 2 * Hv + Hv + hv];
+    };
+    fetch(0);
+    for (int tok = 0; tok < T; tok++) {
+        float qq[NT], kk[NT], vv[R];
+#pragma unroll
+        for (int t = 0; t < NT; t++) { qq[t] = qn[t]; kk[t] = kn[t]; }
+#pragma unroll
+        for (int r = 0; r < R; r++) vv[r] = vn[r];
+        float decay = __expf(gn), beta = bn;
+        if (tok + 1 < T) fetch(tok + 1);
+        float kv[R], oq[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            kv[r] = 0.0f;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                m[r][t] *= decay;
+                kv[r] += m[r][t] * kk[t];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) kv[r] = warp_sum(kv[r]);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            float delta = beta * (vv[r] - kv[r]);
+            oq[r] = 0.0f;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                m[r][t] += delta * kk[t];
+                oq[r] += m[r][t] * qq[t];
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) oq[r] = warp_sum(oq[r]);
+        if (lane < R) { // lane r writes row r (a register array indexed by a constant in each branch)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (lane == r) o[((size_t)tok * Hv + hv) * S + j0 + r] = oq[r] * rsqrtf((float)S);
         }
     }
-    oq = warp_sum(oq);
-    if (lane == 0) o[(size_t)hv * S + j] = oq * rsqrtf((float)S);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) state[((size_t)hv * S + j0 + r) * S + lane + WARP * t] = m[r][t];
+}
+
+// Launch gdn_step_kernel with NT = S/32 (S a multiple of 32 up to 256, checked when the model is read).
+static void gdn_step(float *state, const float *qkv, const float *gb, float *o, int S, int Hk, int Hv, int T,
+                     cudaStream_t st) {
+    int R = T > 1 && S % (4 * GDN_ROWS) == 0 ? 4 : 1;
+    dim3 grid(Hv, S / (GDN_ROWS * R));
+#define STEP(NT) (R == 4 ? gdn_step_kernel<NT, 4><<<grid, GDN_ROWS * WARP, 0, st>>>(state, qkv, gb, o, S, Hk, Hv, T) \
+                         : gdn_step_kernel<NT, 1><<<grid, GDN_ROWS * WARP, 0, st>>>(state, qkv, gb, o, S, Hk, Hv, T))
+    switch (S / 32) {
+    case 1: STEP(1); break;
+    case 2: STEP(2); break;
+    case 3: STEP(3); break;
+    case 4: STEP(4); break;
+    case 5: STEP(5); break;
+    case 6: STEP(6); break;
+    case 7: STEP(7); break;
+    default: STEP(8); break;
+    }
+#undef STEP
+    KERNEL_CHECK();
 }
 
 // Gated RMSNorm per v head, fp32 and quantized for the out-projection: out = rmsnorm(o) * w * silu(z).
@@ -2524,6 +2572,606 @@ static void attention_setup(int n_head, int n_kv, int hd) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// 6b. Prefill kernels: a batch of prompt tokens through a layer at once
+// ------------------------------------------------------------------------------------------------
+// Decode reads every weight once per token and is bound by memory bandwidth. The T tokens of a
+// prompt batch can share those reads: each mat-vec becomes a matrix product
+//
+//   Y (T, n_out) = X (T, n_in) . W^T,     2*T flops per weight read,
+//
+// which is compute-bound for T in the hundreds. The products run on the tensor cores through WMMA
+// (16x16x16 fp16 tiles, fp32 accumulation: the sm_70 instruction set, and the same PTX runs on
+// every later GPU). The weights are dequantized to fp16 inside the product, tile by tile, straight
+// from the repacked planes; other types go through an fp16 copy of a slice of rows first.
+// Everything around the products (norms, RoPE, attention, the DeltaNet recurrence) works on all T
+// rows in one launch.
+//
+// Activations enter a product as fp16 rows with one power-of-two scale per row:
+//   x[t, i] = s[t] * X[t, i],   s[t] = 2^(e - 12) where max_i |x[t, i]| < 2^e
+// so the largest value of a row is below 4096 whatever the model's activation range (fp16 overflows
+// at 65504), and the scaling itself is exact. The product's epilogue multiplies row t by s[t].
+
+typedef struct {
+    __half *h; // (T, ld) X = x / s
+    float *s;  // (T) row scales
+    int ld;    // row stride in elements (a multiple of 8)
+    float *f;  // (T, ld) the rows x in fp32, for float weights (below); NULL when no product needs them
+} ActH;
+
+__host__ __device__ static float row_scale(float amax) {
+    if (!(amax > 0.0f) || amax > 1e30f) return 1.0f; // zero, inf or nan rows: nothing to scale
+    int e;
+    frexpf(amax, &e); // amax = f * 2^e, f in [0.5, 1)
+    return ldexpf(1.0f, e - 12);
+}
+
+// --- weight tiles: one 32-weight unit as fp16 -------------------------------------------------------
+// The 32 weights of unit u of a weight row, rounded to fp16 from the exact fp32 dequantized values
+// (the C twin: dequant_row, then fp16), in two steps so that the product can have the loads of the
+// next tile in flight while it multiplies the current one:
+//   w_load<TYPE>(W, row, u, n_in, NB) -> WRaw   the unit's bytes: 16 of quants, 16 of scales
+//   w_decode<TYPE>(raw, out)                     32 fp16 weights
+// GGML_TYPE_F16 reads fp16 rows (the fp16 copy of a weight without planes: 64 bytes); the fast types
+// read their planes (layout in section 6), sub-block g = row * n_sub + u.
+
+typedef struct { uint4 q, e, f, g; } WRaw; // q: quants (F16: all four are values), e: scales
+
+template <int TYPE> __device__ WRaw w_load(const uint8_t *W, int row, int u, int n_in, size_t NB);
+template <int TYPE> __device__ void w_decode(const WRaw &r, __half *out);
+
+// nibble of element j (0..31) of a unit: byte j%16 of q, low nibble for j < 16, high nibble after
+__device__ __forceinline__ int nib(const uint4 &q, int j) {
+    return (((const uint32_t *)&q)[(j % 16) / 4] >> (8 * (j % 4) + 4 * (j / 16))) & 0xf;
+}
+
+template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_F16>(const uint8_t *W, int row, int u, int n_in, size_t) {
+    const uint4 *src = (const uint4 *)((const __half *)W + (size_t)row * n_in + 32 * u);
+    return WRaw{src[0], src[1], src[2], src[3]};
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_F16>(const WRaw &r, __half *out) {
+    uint4 *o = (uint4 *)out;
+    o[0] = r.q; o[1] = r.e; o[2] = r.f; o[3] = r.g;
+}
+
+// Q4_0: e.x = d
+template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_0>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
+    size_t g = (size_t)row * (n_in / 32) + u;
+    WRaw r;
+    r.q = __ldg((const uint4 *)W + g);
+    r.e.x = __ldg((const uint16_t *)(W + 16 * NB) + g);
+    return r;
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_0>(const WRaw &r, __half *out) {
+    float d = h2f((uint16_t)r.e.x);
+#pragma unroll
+    for (int j = 0; j < 32; j++) out[j] = __float2half(d * (nib(r.q, j) - 8));
+}
+
+// IQ4_XS: e = d, scales_h, the scales_l byte of this sub-block, the sub-block (0..7)
+template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
+    size_t g = (size_t)row * (n_in / 32) + u;
+    int sub = (int)(g % 8);
+    const uint8_t *hdr = W + 16 * NB + 8 * (g / 8); // d, scales_h, scales_l[4]
+    WRaw r;
+    r.q = __ldg((const uint4 *)W + g);
+    r.e = make_uint4(__ldg((const uint16_t *)hdr), __ldg((const uint16_t *)hdr + 1), __ldg(hdr + 4 + sub / 2), sub);
+    return r;
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_IQ4_XS>(const WRaw &r, __half *out) {
+    int sub = (int)r.e.w;
+    int ls = ((r.e.z >> (4 * (sub % 2))) & 0xf) | (((r.e.y >> (2 * sub)) & 3) << 4);
+    float dl = h2f((uint16_t)r.e.x) * (ls - 32);
+    const int *qw = (const int *)&r.q;
+#pragma unroll
+    for (int k = 0; k < 4; k++) { // the table lookup in registers (iq4_lookup8, section 6): 4 + 4 values as int8
+        int lo, hi;
+        iq4_lookup8(qw[k], &lo, &hi);
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            out[4 * k + b] = __float2half(dl * (float)(int8_t)(lo >> (8 * b)));
+            out[16 + 4 * k + b] = __float2half(dl * (float)(int8_t)(hi >> (8 * b)));
+        }
+    }
+}
+
+// Q5_K: e = the 32 high bits, d * sc and dmin * m (fp32 bits)
+template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
+    size_t g = (size_t)row * (n_in / 32) + u;
+    const uint32_t *hdr = (const uint32_t *)(W + 20 * NB + 16 * (g / 8)); // d, dmin, scales[12]
+    uint32_t h[4] = {__ldg(hdr), __ldg(hdr + 1), __ldg(hdr + 2), __ldg(hdr + 3)};
+    int sc, m;
+    k_scale_min((int)(g % 8), (const uint8_t *)h + 4, &sc, &m);
+    WRaw r;
+    r.q = __ldg((const uint4 *)W + g);
+    r.e = make_uint4(__ldg((const uint32_t *)(W + 16 * NB) + g), __float_as_uint(h2f((uint16_t)h[0]) * sc),
+                     __float_as_uint(h2f((uint16_t)(h[0] >> 16)) * m), 0);
+    return r;
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_K>(const WRaw &r, __half *out) {
+    float d = __uint_as_float(r.e.y), dm = __uint_as_float(r.e.z);
+#pragma unroll
+    for (int j = 0; j < 32; j++) out[j] = __float2half(d * (nib(r.q, j) | (((r.e.x >> j) & 1) << 4)) - dm);
+}
+
+// Q6_K: e = the 2-bit highs of elements 0..15 and 16..31, d * sc of each half (fp32 bits)
+template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
+    size_t g = (size_t)row * (n_in / 32) + u;
+    int sub = (int)(g % 8);
+    uint2 hi = __ldg((const uint2 *)(W + 16 * NB) + g);
+    const int8_t *sc = (const int8_t *)(W + 24 * NB + 16 * (g / 8) + 2 * sub);
+    float d = h2f(__ldg((const uint16_t *)(W + 26 * NB) + g / 8));
+    WRaw r;
+    r.q = __ldg((const uint4 *)W + g);
+    r.e = make_uint4(hi.x, hi.y, __float_as_uint(d * __ldg(sc)), __float_as_uint(d * __ldg(sc + 1)));
+    return r;
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw &r, __half *out) {
+#pragma unroll
+    for (int j = 0; j < 32; j++) { // 2 high bits of element j: byte j%4 of word j/16, bits 2*((j%16)/4)
+        uint32_t hw = j < 16 ? r.e.x : r.e.y;
+        int v = nib(r.q, j) | (((hw >> (8 * (j % 4) + 2 * ((j % 16) / 4))) & 3) << 4);
+        out[j] = __float2half(__uint_as_float(j < 16 ? r.e.z : r.e.w) * (v - 32));
+    }
+}
+
+// The fp16 copy of rows [r0, r0 + n_rows) of a weight in its file layout (the types without planes),
+// for the product to read as GGML_TYPE_F16: one thread per 32-weight unit.
+template <int TYPE>
+__global__ void dequant_f16_kernel(const uint8_t *W, size_t row_stride, __half *out /* (n_rows, n_in) */, int r0,
+                                   int n_rows, int n_in) {
+    int n_units = n_in / 32;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n_rows * n_units) return;
+    int r = (int)(i / n_units), u = (int)(i % n_units);
+    float w[32];
+    dq32<TYPE>(W + (size_t)(r0 + r) * row_stride, u, w, n_in);
+    __half *o = out + (size_t)r * n_in + 32 * u;
+    for (int j = 0; j < 32; j++) o[j] = __float2half(w[j]);
+}
+
+// --- the product -----------------------------------------------------------------------------------
+// y[t, n] = s[t] * sum_k X[t, k] W[n, k] (+ bias[n]) (+ y[t, n] when accumulate), for t < T, n < n_out.
+// A block computes a tile of MM_TT tokens x MM_TN weight rows, walking k 64 at a time (two 32-weight
+// units): each step stages the tile's X (fp16 rows) and W (decoded here, one unit per thread, so the
+// two threads of a row read one contiguous 32-byte sector of the planes) in shared memory, and its 8
+// warps multiply them with WMMA, each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16
+// fp32 accumulators). The next step's bytes are loaded into registers before the tensor cores work
+// on the current step and are decoded and stored to the other half of a double buffer after: one
+// barrier per step. Blocks that share a weight tile are neighbours in the grid (x = token tile), so
+// the weights come from DRAM about once. A short grid (few rows, e.g. DeltaNet's beta and alpha)
+// splits k over blockIdx.z: each slice writes its partial sums to part (z, T, n_out) and
+// matmul_reduce_kernel adds them up in order (deterministic). C twin: matmul_c.
+#define MM_TT 128      // tokens per tile
+#define MM_TN 128      // weight rows per tile
+#define MM_LD 72       // shared-memory row stride in halves: 64 + 8 keeps rows 16-byte aligned and
+                       // spreads the fragment loads over the banks
+#define MM_THREADS 256
+#define MM_SMEM (2 * (MM_TT + MM_TN) * MM_LD * 2) // bytes: both tiles, double-buffered (72 KB)
+template <int TYPE>
+__global__ void __launch_bounds__(MM_THREADS)
+matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n_out, n_in)
+              size_t NB,         // sub-blocks in the planes
+              ActH x,            // (T, x.ld) input rows
+              float *y,          // (T, ldy) output, or with k split: part (gridDim.z, T, n_out)
+              int ldy, const float *bias /* (n_out) or NULL */, int T, int n_in, int n_out, int accumulate) {
+    using namespace nvcuda;
+    extern __shared__ __align__(32) uint8_t mm_smem[];
+    __half *xs = (__half *)mm_smem, *ws = xs + 2 * MM_TT * MM_LD; // [2][MM_TT * MM_LD], [2][MM_TN * MM_LD]
+    int t0 = blockIdx.x * MM_TT, n0 = blockIdx.y * MM_TN;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int wt = warp / 4, wn = warp % 4;                   // warp tile: tokens 64*wt.., rows 32*wn..
+    int lr = threadIdx.x / 2, lu = threadIdx.x % 2;     // loader: tile row lr, unit lu of the step
+    int n_units = n_in / 32, n_steps = (n_units + 1) / 2;
+    int per = (n_steps + gridDim.z - 1) / gridDim.z;    // k split: steps [s0, s1) of this slice
+    int s0 = blockIdx.z * per, s1 = min(n_steps, s0 + per);
+    uint4 xr[4];
+    WRaw wr;
+    int t = t0 + lr, n = n0 + lr;
+    // fetch: the bytes of unit 2*step + lu of token row t and weight row n into registers
+    auto fetch = [&](int step) {
+        int u = 2 * step + lu;
+        if (t < T && u < n_units) {
+            const uint4 *src = (const uint4 *)(x.h + (size_t)t * x.ld + 32 * u);
+#pragma unroll
+            for (int i = 0; i < 4; i++) xr[i] = src[i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) xr[i] = make_uint4(0, 0, 0, 0);
+        }
+        if (n < n_out && u < n_units) wr = w_load<TYPE>(W, n, u, n_in, NB);
+    };
+    // stash: decode the weights and store both to shared-memory buffer buf (zeros past the edges)
+    auto stash = [&](int step, int buf) {
+        uint4 *xd = (uint4 *)(xs + (buf * MM_TT + lr) * MM_LD + 32 * lu);
+        uint4 *wd = (uint4 *)(ws + (buf * MM_TN + lr) * MM_LD + 32 * lu);
+#pragma unroll
+        for (int i = 0; i < 4; i++) xd[i] = xr[i];
+        __align__(16) __half w32[32];
+        if (n < n_out && 2 * step + lu < n_units) {
+            w_decode<TYPE>(wr, w32);
+#pragma unroll
+            for (int i = 0; i < 4; i++) wd[i] = ((uint4 *)w32)[i];
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) wd[i] = make_uint4(0, 0, 0, 0);
+        }
+    };
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    if (s0 < s1) {
+        fetch(s0);
+        stash(s0, 0);
+    }
+    __syncthreads();
+    for (int step = s0; step < s1; step++) {
+        int cur = (step - s0) % 2;
+        if (step + 1 < s1) fetch(step + 1);
+        const __half *xc = xs + cur * MM_TT * MM_LD, *wc = ws + cur * MM_TN * MM_LD;
+#pragma unroll
+        for (int kk = 0; kk < 64; kk += 16) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], wc + (32 * wn + 16 * j) * MM_LD + kk, MM_LD);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::load_matrix_sync(a, xc + (64 * wt + 16 * i) * MM_LD + kk, MM_LD);
+#pragma unroll
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a, b[j], acc[i][j]);
+            }
+        }
+        if (step + 1 < s1) stash(step + 1, 1 - cur);
+        __syncthreads();
+    }
+    // epilogue: each fragment goes through a 16x16 fp32 patch of shared memory (the X tiles are free
+    // now), then every lane writes 8 of its values with the row scale, bias and accumulation
+    float *patch = (float *)xs + warp * 256;
+    int split = gridDim.z > 1;
+    float *dst0 = split ? y + (size_t)blockIdx.z * T * n_out : y;
+    int ld = split ? n_out : ldy;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            for (int e = lane; e < 256; e += WARP) {
+                int tt = t0 + 64 * wt + 16 * i + e / 16, nn = n0 + 32 * wn + 16 * j + e % 16;
+                if (tt < T && nn < n_out) {
+                    float v = patch[e] * x.s[tt];
+                    float *dst = dst0 + (size_t)tt * ld + nn;
+                    if (split) *dst = v;
+                    else *dst = (accumulate ? *dst : 0.0f) + v + (bias ? bias[nn] : 0.0f);
+                }
+            }
+            __syncwarp();
+        }
+}
+
+// y[t, n] (+)= sum_z part[z, t, n] (+ bias[n]): the k slices of a split product, added in order.
+__global__ void matmul_reduce_kernel(float *y, int ldy, const float *part, int n_split, const float *bias, int T,
+                                     int n_out, int accumulate) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * n_out) return;
+    int t = (int)(i / n_out), n = (int)(i % n_out);
+    float v = 0.0f;
+    for (int z = 0; z < n_split; z++) v += part[(size_t)z * T * n_out + i];
+    float *dst = y + (size_t)t * ldy + n;
+    *dst = (accumulate ? *dst : 0.0f) + v + (bias ? bias[n] : 0.0f);
+}
+
+static int is_float_weight(int type) { return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16; }
+
+// C twin of matmul_kernel and matmul_f32_kernel: the same products in fp32 (double sums) from the same
+// operands: for quantized weights the dequantized weight rounded to fp16 times the fp16 rows X
+// (then * s), for float weights the weight times the fp32 rows xf. Only the summation order differs.
+static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */, const float *xs /* (T) */,
+                     const float *xf /* (T, ld) */, int ld, int T, float *y /* (T, ldy) */, int ldy, const float *bias,
+                     int accumulate, float *row /* (n_in) */) {
+    int n_in = (int)W->n_in, exact = is_float_weight(W->type);
+    size_t rb = row_bytes(W->type, W->n_in);
+    for (int64_t n = 0; n < W->n_out; n++) {
+        dequant_row(W->type, W->host + n * rb, row, n_in);
+        if (!exact)
+            for (int i = 0; i < n_in; i++) row[i] = __half2float(__float2half(row[i]));
+        for (int t = 0; t < T; t++) {
+            double acc = 0;
+            if (exact) {
+                for (int i = 0; i < n_in; i++) acc += (double)row[i] * xf[(size_t)t * ld + i];
+            } else {
+                for (int i = 0; i < n_in; i++) acc += (double)row[i] * fp16_to_f32(X[(size_t)t * ld + i]);
+                acc *= xs[t];
+            }
+            float v = (float)acc + (bias ? bias[n] : 0.0f);
+            float *dst = y + (size_t)t * ldy + n;
+            *dst = accumulate ? *dst + v : v;
+        }
+    }
+}
+
+// The fp32 product for float weights: y[t, n] (+)= sum_k xf[t, k] W[n, k] (+ bias[n]). A block
+// computes 64 tokens x 64 rows, each thread a 4 x 4 patch of them, k in steps of 16 through shared
+// memory. C twin: matmul_c.
+#define SG_T 64
+#define SG_N 64
+#define SG_K 16
+template <int TYPE> __device__ __forceinline__ float wf(const uint8_t *W, size_t i);
+template <> __device__ __forceinline__ float wf<GGML_TYPE_F32>(const uint8_t *W, size_t i) { return ((const float *)W)[i]; }
+template <> __device__ __forceinline__ float wf<GGML_TYPE_F16>(const uint8_t *W, size_t i) { return h2f(((const uint16_t *)W)[i]); }
+template <> __device__ __forceinline__ float wf<GGML_TYPE_BF16>(const uint8_t *W, size_t i) {
+    return __uint_as_float((uint32_t)((const uint16_t *)W)[i] << 16);
+}
+template <int TYPE>
+__global__ void __launch_bounds__(256) matmul_f32_kernel(const uint8_t *W /* (n_out, n_in) */, ActH x, float *y, int ldy,
+                                                         const float *bias, int T, int n_in, int n_out, int accumulate) {
+    __shared__ float xs[SG_K][SG_T + 1], ws[SG_K][SG_N + 1];
+    int t0 = blockIdx.x * SG_T, n0 = blockIdx.y * SG_N;
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16; // this thread: tokens t0 + 4ty.., rows n0 + 4tx..
+    float acc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int k0 = 0; k0 < n_in; k0 += SG_K) {
+        for (int i = threadIdx.x; i < SG_T * SG_K; i += blockDim.x) {
+            int r = i / SG_K, k = i % SG_K, t = t0 + r, n = n0 + r;
+            xs[k][r] = t < T ? x.f[(size_t)t * x.ld + k0 + k] : 0.0f;
+            ws[k][r] = n < n_out ? wf<TYPE>(W, (size_t)n * n_in + k0 + k) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < SG_K; k++) {
+            float a[4], b[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) { a[i] = xs[k][4 * ty + i]; b[i] = ws[k][4 * tx + i]; }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int t = t0 + 4 * ty + i, n = n0 + 4 * tx + j;
+            if (t < T && n < n_out) {
+                float v = acc[i][j] + (bias ? bias[n] : 0.0f);
+                float *dst = y + (size_t)t * ldy + n;
+                *dst = accumulate ? *dst + v : v;
+            }
+        }
+}
+
+// --- row-wise kernels (one block per token row) -----------------------------------------------------
+
+// Writers of ActH rows take the row's max |value| (block_max), then store X = v / s.
+#define ROW_THREADS 256
+
+// out[t] = rmsnorm(x[t]) * w as an fp16 row with its scale. C twin: rmsnorm_c per row.
+__global__ void __launch_bounds__(ROW_THREADS) rmsnorm_rows_kernel(ActH out, const float *x /* (T, n) */,
+                                                                   const float *w /* (n) */, int n, float eps) {
+    const float *xr = x + (size_t)blockIdx.x * n;
+    float ss = 0.0f, amax = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    float scale = rsqrtf(block_sum(ss) / n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) amax = fmaxf(amax, fabsf(xr[i] * scale * w[i]));
+    float s = row_scale(block_max(amax));
+    __half *o = out.h + (size_t)blockIdx.x * out.ld;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = xr[i] * scale * w[i];
+        o[i] = __float2half(v / s);
+        if (out.f) out.f[(size_t)blockIdx.x * out.ld + i] = v;
+    }
+    if (threadIdx.x == 0) out.s[blockIdx.x] = s;
+}
+
+// out[t] = silu(g[t]) * u[t] as an fp16 row with its scale (the FFN's hidden row).
+__global__ void __launch_bounds__(ROW_THREADS) silu_mul_rows_kernel(ActH out, const float *g /* (T, n) */,
+                                                                    const float *u /* (T, n) */, int n) {
+    size_t r = (size_t)blockIdx.x * n;
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float gv = g[r + i];
+        amax = fmaxf(amax, fabsf(gv / (1.0f + __expf(-gv)) * u[r + i]));
+    }
+    float s = row_scale(block_max(amax));
+    __half *o = out.h + (size_t)blockIdx.x * out.ld;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float gv = g[r + i], v = gv / (1.0f + __expf(-gv)) * u[r + i];
+        o[i] = __float2half(v / s);
+        if (out.f) out.f[(size_t)blockIdx.x * out.ld + i] = v;
+    }
+    if (threadIdx.x == 0) out.s[blockIdx.x] = s;
+}
+
+// --- causal attention over the batch ---------------------------------------------------------------
+// Query t of the batch (position pos0 + t) attends to cache positions 0 .. pos0 + t; the batch's own
+// keys and values are already in the cache (rope_and_kv_store_kernel over all rows). Block (query
+// tile of PF_TQ tokens, query head h): each of its 4 warps owns 8 queries, the lanes take one key
+// each for the scores and hd/32 output dims each for the weighted sum of V. Keys come in chunks of
+// 32 staged in shared memory (K rows padded to an odd number of words: conflict-free reads) and are
+// folded in with the online softmax: per query, running max m, sum l and output o,
+//   m' = max(m, max_k s_k),  l = l e^(m - m') + sum_k e^(s_k - m'),  o = o e^(m - m') + sum_k e^(s_k - m') v_k.
+// The output is the fp16 input row of Wo; it needs no scaling: a convex combination of fp16 cache
+// values (times a sigmoid gate for qwen35) is inside fp16's range. C twin: attention_c per query.
+#define PF_TQ 32
+#define PF_QPW 8 // queries per warp
+#define PF_MAX_D 8 // head_dim <= 256: output dims per lane
+static size_t pf_att_smem(int hd) { return (size_t)PF_TQ * hd * 4 + (size_t)32 * (hd + 2) * 2 + (size_t)32 * hd * 2; }
+__global__ void __launch_bounds__(128)
+attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
+                         const __half *kc,  // (n_ctx, n_kv, hd) this layer's caches
+                         const __half *vc,
+                         ActH out,          // (T, n_head*hd)
+                         const float *gate, // qwen35: row t head h at gate + t*gate_row + h*2*hd, or NULL
+                         int gate_row, int pos0, int T, int n_head, int n_kv, int hd) {
+    extern __shared__ float pf_smem[];
+    int h = blockIdx.y, j = h / (n_head / n_kv), tq0 = blockIdx.x * PF_TQ;
+    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    float *qs = pf_smem;                                   // (PF_TQ, hd) queries / sqrt(hd)
+    __half *ks = (__half *)(qs + PF_TQ * hd);              // (32, hd + 2)
+    __half *vs = ks + 32 * (hd + 2);                       // (32, hd)
+    float scale = rsqrtf((float)hd);
+    for (int i = threadIdx.x; i < PF_TQ * hd; i += blockDim.x) {
+        int t = tq0 + i / hd;
+        qs[i] = t < T ? q[((size_t)t * n_head + h) * hd + i % hd] * scale : 0.0f;
+    }
+    int nd = hd / WARP;
+    float m[PF_QPW], l[PF_QPW], o[PF_QPW][PF_MAX_D];
+#pragma unroll
+    for (int i = 0; i < PF_QPW; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < PF_MAX_D; d++) o[i][d] = 0.0f;
+    }
+    int qw0 = tq0 + warp * PF_QPW;                      // this warp's first query (batch row)
+    int last_key = pos0 + min(tq0 + PF_TQ, T) - 1;      // the block's last visible key
+    for (int k0 = 0; k0 <= last_key; k0 += 32) {
+        __syncthreads(); // the previous chunk is consumed (and, the first time, qs is written)
+        int nk = min(32, last_key + 1 - k0);
+        for (int i = threadIdx.x; i < nk * hd / 2; i += blockDim.x) {
+            int r = i / (hd / 2), c = i % (hd / 2);
+            size_t src = ((size_t)(k0 + r) * n_kv + j) * hd + 2 * c;
+            ((__half2 *)(ks + r * (hd + 2)))[c] = *(const __half2 *)(kc + src);
+            ((__half2 *)(vs + r * hd))[c] = *(const __half2 *)(vc + src);
+        }
+        __syncthreads();
+        if (qw0 >= T || k0 > pos0 + qw0 + PF_QPW - 1) continue; // nothing visible to this warp
+        // scores: lane = key k0 + lane, for the warp's 8 queries
+        float sc[PF_QPW];
+#pragma unroll
+        for (int i = 0; i < PF_QPW; i++) sc[i] = 0.0f;
+        const __half2 *kr = (const __half2 *)(ks + lane * (hd + 2));
+        for (int d = 0; d < hd / 2; d++) {
+            float2 kv = __half22float2(kr[d]);
+#pragma unroll
+            for (int i = 0; i < PF_QPW; i++) {
+                float2 qv = *(const float2 *)(qs + (warp * PF_QPW + i) * hd + 2 * d);
+                sc[i] += qv.x * kv.x + qv.y * kv.y;
+            }
+        }
+        float p[PF_QPW];
+#pragma unroll
+        for (int i = 0; i < PF_QPW; i++) {
+            int visible = lane < nk && k0 + lane <= pos0 + qw0 + i;
+            float s = visible ? sc[i] : -INFINITY;
+            float mn = fmaxf(m[i], warp_max(s));
+            if (mn == -INFINITY) { p[i] = 0.0f; continue; } // no key visible yet (rows past T)
+            float alpha = __expf(m[i] - mn);
+            p[i] = visible ? __expf(s - mn) : 0.0f;
+            l[i] = l[i] * alpha + warp_sum(p[i]);
+            m[i] = mn;
+#pragma unroll
+            for (int d = 0; d < PF_MAX_D; d++) o[i][d] *= alpha;
+        }
+        for (int k = 0; k < nk; k++) {
+            float pk[PF_QPW];
+#pragma unroll
+            for (int i = 0; i < PF_QPW; i++) pk[i] = __shfl_sync(0xffffffffu, p[i], k);
+#pragma unroll
+            for (int d = 0; d < PF_MAX_D; d++) {
+                if (d >= nd) break;
+                float v = __half2float(vs[k * hd + lane + WARP * d]);
+#pragma unroll
+                for (int i = 0; i < PF_QPW; i++) o[i][d] += pk[i] * v;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PF_QPW; i++) {
+        int t = qw0 + i;
+        if (t >= T) break;
+#pragma unroll
+        for (int d = 0; d < PF_MAX_D; d++) {
+            if (d >= nd) break;
+            int dim = lane + WARP * d;
+            float v = o[i][d] / l[i];
+            if (gate) v /= 1.0f + __expf(-gate[(size_t)t * gate_row + (size_t)h * 2 * hd + dim]);
+            out.h[(size_t)t * out.ld + (size_t)h * hd + dim] = __float2half(v);
+            if (out.f) out.f[(size_t)t * out.ld + (size_t)h * hd + dim] = v;
+        }
+        if (h == 0 && lane == 0) out.s[t] = 1.0f;
+    }
+}
+
+// --- Gated DeltaNet over the batch -------------------------------------------------------------------
+
+// Causal conv + SiLU over the batch, out of place, one thread per (row, channel):
+//   y[t, c] = silu(sum_{i<4} w[c, i] * x[t - 3 + i, c]),   rows before the batch from the conv state.
+// gdn_conv_state_kernel then keeps the last 3 inputs as the new state. C twin: gdn_conv_c per token.
+__global__ void gdn_conv_rows_kernel(float *y,        // (T, conv_dim) out
+                                     const float *x,  // (T, conv_dim) projections
+                                     const float *w,  // (conv_dim, 4)
+                                     const float *cs, // (3, conv_dim) oldest first
+                                     int conv_dim, int T) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)T * conv_dim) return;
+    int t = (int)(i / conv_dim), c = (int)(i % conv_dim);
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        int tt = t - 3 + k;
+        sum += w[4 * c + k] * (tt >= 0 ? x[(size_t)tt * conv_dim + c] : cs[(size_t)(3 + tt) * conv_dim + c]);
+    }
+    y[i] = sum / (1.0f + __expf(-sum));
+}
+__global__ void gdn_conv_state_kernel(float *cs, const float *x /* (T, conv_dim) */, int conv_dim, int T) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= conv_dim) return;
+    float v[3];
+    for (int k = 0; k < 3; k++) { // row T - 3 + k of [state | x]
+        int tt = T - 3 + k;
+        v[k] = tt >= 0 ? x[(size_t)tt * conv_dim + c] : cs[(size_t)(3 + tt) * conv_dim + c];
+    }
+    for (int k = 0; k < 3; k++) cs[(size_t)k * conv_dim + c] = v[k];
+}
+
+// After the conv: L2 norm of every q and k head and the gates of every v head, for all rows.
+// Grid (2*Hk + Hv, T), S threads.
+__global__ void gdn_norm_gates_rows_kernel(float *mixed,           // (T, conv_dim)
+                                           const float *beta_raw,  // (T, Hv)
+                                           const float *alpha_raw, // (T, Hv)
+                                           const float *dt_bias, const float *ssm_a, // (Hv)
+                                           float *gb,              // (T, 2, Hv) out
+                                           int Hk, int Hv, float eps) {
+    int S = blockDim.x, t = blockIdx.y, conv_dim = (2 * Hk + Hv) * S;
+    float *y = mixed + (size_t)t * conv_dim + blockIdx.x * S + threadIdx.x;
+    gdn_head_finish(y, blockIdx.x, Hk, Hv, beta_raw + (size_t)t * Hv, alpha_raw + (size_t)t * Hv, dt_bias, ssm_a,
+                    gb + (size_t)t * 2 * Hv, eps);
+}
+
+// Gated RMSNorm of every v head of row t, as the fp16 input row of ssm_out: one block per row
+// (S threads), o overwritten with the fp32 result on the way. C twin: gated_rmsnorm_c.
+__global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */, const float *z /* (T, Hv*S) */,
+                                          const float *w /* (S) */, int Hv, float eps) {
+    int S = blockDim.x;
+    size_t r = (size_t)blockIdx.x * Hv * S;
+    float amax = 0.0f;
+    for (int hv = 0; hv < Hv; hv++) {
+        size_t i = r + (size_t)hv * S + threadIdx.x;
+        float v = o[i];
+        float ss = block_sum(v * v);
+        float zz = z[i];
+        v = v * rsqrtf(ss / S + eps) * w[threadIdx.x] * (zz / (1.0f + __expf(-zz)));
+        o[i] = v;
+        amax = fmaxf(amax, fabsf(v));
+    }
+    float s = row_scale(block_max(amax));
+    __half *oh = out.h + (size_t)blockIdx.x * out.ld;
+    for (int i = threadIdx.x; i < Hv * S; i += S) {
+        oh[i] = __float2half(o[r + i] / s);
+        if (out.f) out.f[(size_t)blockIdx.x * out.ld + i] = o[r + i];
+    }
+    if (threadIdx.x == 0) out.s[blockIdx.x] = s;
+}
+
+// ------------------------------------------------------------------------------------------------
 // 7. GPU forward: device memory, weight upload, the per-token layer loop
 // ------------------------------------------------------------------------------------------------
 // All device memory is allocated once, before the first token: the weights in one allocation walked
@@ -2570,7 +3218,66 @@ typedef struct {
     int *h_pos;            // pinned host (1)
     float *h_logits;       // pinned host (n_vocab): logits on their way down
     cudaGraphExec_t graph; // the captured forward pass, or NULL before capture
+    // prefill (section 6b): a batch of up to n_batch prompt rows through each layer at once
+    int n_batch;           // -b; 0 when the model's shapes rule the batched path out
+    int n_logit_rows;      // rows of logits one batched pass returns at most
+    size_t batch_bytes;    // the buffers below
+    size_t wscratch_elems; // fp16 copy of a slice of a quantized weight without planes (0: none needed)
+    int f32_rows;          // some product has float weights: bxh carries fp32 rows too
+    float *bx;             // (n_batch, n_embd) residual stream rows
+    ActH bxh;              // (n_batch, ld) fp16 input rows of the next product, ld = widest input
+    float *bq;             // (n_batch, n_head*hd) q, roped in place
+    float *bqg;            // (n_batch, n_head*2*hd) qwen35: per head [q | gate]
+    float *bk, *bv;        // (n_batch, n_head_kv*hd)
+    float *bgate, *bup;    // (n_batch, n_ff)
+    float *bmixed;         // (n_batch, conv_dim) DeltaNet projections
+    float *bconv;          // (n_batch, conv_dim) their conv output, then L2-normed q, k
+    float *bz, *braw;      // (n_batch, Hv*S) output gate, delta-rule output
+    float *bbeta, *balpha; // (n_batch, Hv)
+    float *bgb;            // (n_batch, 2, Hv) g and beta
+    float *blogits;        // (n_logit_rows, n_vocab)
+    float *bpart;          // (part_elems) partial sums of a product split along k
+    size_t part_elems;
+    __half *wscratch;      // (wscratch_elems)
+    float *h_bx;           // pinned host (n_batch, n_embd): embedding rows on their way up
+    float *h_blogits;      // pinned host (n_logit_rows, n_vocab)
 } GpuState;
+
+// -b: prompt tokens per batched pass (the prefill buffers are sized for it; 1 turns prefill off).
+static int g_n_batch = 512;
+#define LOGIT_ROWS 64 // rows of logits per batched output product (perplexity scores many rows)
+#define MM_PART_ELEMS ((size_t)4 << 20) // floats of partial sums for products split along k (16 MB)
+
+// Size the prefill buffers for the model and -b: off (n_batch 0) for -b 1, or when an input width is
+// not a multiple of 32 (the product's tiles walk whole 32-weight units); fp32 rows when a product has
+// float weights; an fp16 scratch for quantized weights without planes, one slice of rows at a time.
+#define WSCRATCH_MAX (16u << 20) // halves
+static void prefill_plan(GpuState *s, Model *m) {
+    const Config *c = &m->c;
+    s->n_batch = g_n_batch > 1 ? g_n_batch : 0;
+    s->n_logit_rows = g_n_batch < LOGIT_ROWS ? g_n_batch : LOGIT_ROWS;
+    if (c->n_embd % 32 || c->n_head * c->head_dim % 32 || c->n_ff % 32 || c->ssm_inner % 32) s->n_batch = 0;
+    s->wscratch_elems = 0;
+    s->f32_rows = 0;
+    Weights *w = &m->w;
+    for (int l = -1; l < c->n_layer; l++) {
+        LayerWeights *L = &w->layers[l < 0 ? 0 : l];
+        Tensor *lt[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wqkv, &L->wz, &L->w_beta, &L->w_alpha,
+                        &L->ssm_out, &L->w_gate, &L->w_up, &L->w_down};
+        Tensor *out[] = {&w->output};
+        Tensor **list = l < 0 ? out : lt;
+        int n = l < 0 ? 1 : (int)(sizeof lt / sizeof lt[0]);
+        for (int i = 0; i < n; i++) {
+            const Tensor *t = list[i];
+            if (!t->name || is_fast_type(t->type)) continue;
+            if (is_float_weight(t->type)) { s->f32_rows = 1; continue; }
+            size_t e = (size_t)t->n_in * t->n_out;
+            if (e > WSCRATCH_MAX) e = WSCRATCH_MAX / t->n_in * t->n_in;
+            if (e > s->wscratch_elems) s->wscratch_elems = e;
+        }
+    }
+}
+
 
 // Is there a usable CUDA device? (CI machines have none: GPU paths are then skipped or refused.)
 static int gpu_available(void) {
@@ -2628,6 +3335,7 @@ typedef struct {
     size_t state;        // DeltaNet conv + recurrent state (fp32)
     size_t logits;       // (n_vocab) fp32
     size_t scratch;      // activations and attention scratch
+    size_t batch;        // prefill buffers for -b rows
     size_t staging;      // device side of the upload staging (freed after the load)
     size_t context;      // measured: CUDA context + whatever else already uses the card
     size_t card_total;   // the card as the engine sees it (--vram-limit)
@@ -2637,7 +3345,7 @@ typedef struct {
 } Budget;
 
 static size_t budget_need(const Budget *b) { // what must be free on top of the context
-    return b->weights + b->kv + b->state + b->logits + b->scratch + b->staging;
+    return b->weights + b->kv + b->state + b->logits + b->scratch + b->batch + b->staging;
 }
 
 static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *base);
@@ -2657,11 +3365,13 @@ static void budget_compute(Budget *b, Model *m, int n_ctx) {
     }
     GpuState dry;
     memset(&dry, 0, sizeof dry);
+    prefill_plan(&dry, m);
     size_t arena = gpu_state_carve(&dry, &m->c, n_ctx, NULL);
+    b->batch = dry.batch_bytes;
     b->kv = dry.kv_bytes;
     b->state = ALIGN256(dry.state_bytes);
     b->logits = ALIGN256(m->c.n_vocab * 4u);
-    b->scratch = arena - b->kv - b->state - b->logits;
+    b->scratch = arena - b->kv - b->state - b->logits - b->batch;
     b->staging = 2 * UPLOAD_CHUNK;
 }
 
@@ -2698,6 +3408,7 @@ static void budget_print(const Budget *b, const Model *m, int n_ctx, double vram
     if (c->n_gdn_layers) LINE(b->state, "DeltaNet state: %d layers, fp32", c->n_gdn_layers);
     LINE(b->scratch, "activations and attention scratch");
     LINE(b->logits, "logits");
+    if (b->batch) LINE(b->batch, "prefill buffers for -b %d", g_n_batch);
     LINE(b->staging, "upload staging (freed after the load)");
     if (b->measured) {
         LINE(b->context, "CUDA context + others on the card (measured)");
@@ -2847,6 +3558,15 @@ static Act act_carve(uint8_t **p, int n) {
 // Lay the run state out from base: every buffer 256-byte aligned. Returns the bytes used; with
 // base == NULL it only measures (the VRAM budget uses that, before anything is allocated). Also
 // fills s->kv_bytes and s->state_bytes.
+// Widest input of any product: the row stride of the prefill's fp16 input rows.
+static size_t prefill_ld(const Config *c) {
+    size_t ld = (size_t)c->n_embd;
+    if ((size_t)c->n_head * c->head_dim > ld) ld = (size_t)c->n_head * c->head_dim;
+    if ((size_t)c->n_ff > ld) ld = (size_t)c->n_ff;
+    if ((size_t)c->ssm_inner > ld) ld = (size_t)c->ssm_inner;
+    return (ld + 7) / 8 * 8;
+}
+
 static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *base) {
     size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
     size_t cache = (size_t)c->n_kv_layers * n_ctx * kvdim; // elements per cache
@@ -2884,14 +3604,45 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
     CARVE(s->logits, float *, c->n_vocab * 4u);
     CARVE(s->key_cache, __half *, cache * 2);
     CARVE(s->value_cache, __half *, cache * 2);
+    uint8_t *batch_start = p;
+    if (s->n_batch > 0) {
+        size_t B = (size_t)s->n_batch, ld = prefill_ld(c), gdim = c->arch == ARCH_QWEN35 ? 2 * qdim : 0;
+        CARVE(s->bx, float *, B * c->n_embd * 4);
+        CARVE(s->bxh.h, __half *, B * ld * 2);
+        CARVE(s->bxh.s, float *, B * 4);
+        s->bxh.ld = (int)ld;
+        if (s->f32_rows) CARVE(s->bxh.f, float *, B * ld * 4);
+        CARVE(s->bq, float *, B * qdim * 4);
+        if (gdim) CARVE(s->bqg, float *, B * gdim * 4);
+        CARVE(s->bk, float *, B * kvdim * 4);
+        CARVE(s->bv, float *, B * kvdim * 4);
+        CARVE(s->bgate, float *, B * c->n_ff * 4);
+        CARVE(s->bup, float *, B * c->n_ff * 4);
+        if (c->n_gdn_layers) {
+            CARVE(s->bmixed, float *, B * conv_dim * 4);
+            CARVE(s->bconv, float *, B * conv_dim * 4);
+            CARVE(s->bz, float *, B * vdim * 4);
+            CARVE(s->braw, float *, B * vdim * 4);
+            CARVE(s->bbeta, float *, B * Hv * 4);
+            CARVE(s->balpha, float *, B * Hv * 4);
+            CARVE(s->bgb, float *, B * 2 * Hv * 4);
+        }
+        CARVE(s->blogits, float *, (size_t)s->n_logit_rows * c->n_vocab * 4);
+        s->part_elems = MM_PART_ELEMS;
+        CARVE(s->bpart, float *, s->part_elems * 4);
+        if (s->wscratch_elems) CARVE(s->wscratch, __half *, s->wscratch_elems * 2);
+    }
+    s->batch_bytes = (size_t)(p - batch_start);
 #undef CARVE
     s->kv_bytes = 2 * ALIGN256(cache * 2);
     s->state_bytes = conv_bytes + ssm_bytes;
     return (size_t)(p - base);
 }
 
-static void gpu_state_init(GpuState *s, const Config *c, int n_ctx) {
+static void gpu_state_init(GpuState *s, Model *m, int n_ctx) {
+    const Config *c = &m->c;
     memset(s, 0, sizeof *s);
+    prefill_plan(s, m);
     s->n_ctx = n_ctx;
     s->n_split = (n_ctx + att_chunk(c->head_dim) - 1) / att_chunk(c->head_dim);
     attention_setup(c->n_head, c->n_head_kv, c->head_dim);
@@ -2903,6 +3654,13 @@ static void gpu_state_init(GpuState *s, const Config *c, int n_ctx) {
     CUDA_CHECK(cudaMallocHost((void **)&s->h_x, c->n_embd * 4u));
     CUDA_CHECK(cudaMallocHost((void **)&s->h_pos, 4));
     CUDA_CHECK(cudaMallocHost((void **)&s->h_logits, c->n_vocab * 4u));
+    if (s->n_batch) {
+        CUDA_CHECK(cudaMallocHost((void **)&s->h_bx, (size_t)s->n_batch * c->n_embd * 4));
+        CUDA_CHECK(cudaMallocHost((void **)&s->h_blogits, (size_t)s->n_logit_rows * c->n_vocab * 4));
+        if (pf_att_smem(c->head_dim) > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)pf_att_smem(c->head_dim)));
+    }
     CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
 }
 
@@ -2913,6 +3671,8 @@ static void gpu_state_free(GpuState *s) {
     cudaFreeHost(s->h_x);
     cudaFreeHost(s->h_pos);
     cudaFreeHost(s->h_logits);
+    if (s->h_bx) cudaFreeHost(s->h_bx);
+    if (s->h_blogits) cudaFreeHost(s->h_blogits);
     cudaStreamDestroy(s->stream);
 }
 
@@ -2976,8 +3736,7 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     PROF("gdn_conv", 0, (gdn_conv_norm_kernel<<<2 * Hk + Hv, S, 0, st>>>(s->gdn_mixed, DEV(L->conv1d), cs, s->gdn_beta,
                                                                        s->gdn_alpha, DEV(L->dt_bias), DEV(L->ssm_a),
                                                                        s->gdn_gb, Hk, Hv, c->eps), KERNEL_CHECK()));
-    PROF("gdn_step", 8.0 * Hv * S * S, (gdn_step_kernel<<<dim3(Hv, (S + GDN_ROWS - 1) / GDN_ROWS), GDN_ROWS * WARP, 0, st>>>(
-                                           state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv), KERNEL_CHECK()));
+    PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
     PROF("gdn_norm", 0, (gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z, DEV(L->ssm_norm), c->eps),
                          KERNEL_CHECK()));
     PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
@@ -3029,6 +3788,181 @@ static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
     if (!s->graph) gpu_capture(m, s);
     CUDA_CHECK(cudaGraphLaunch(s->graph, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
+}
+
+// --- prefill: the batched pass (kernels in section 6b) -----------------------------------------------
+
+// The tensor-core product of weights w (planes of a fast type, or fp16 rows), splitting k when the
+// tile grid alone would leave SMs idle and s->bpart has room for the partial sums.
+static void matmul_tc(int type, const uint8_t *w, size_t NB, const ActH *x, int T, float *y, int ldy, const float *bias,
+                      int n_in, int n_out, int accumulate, GpuState *s) {
+    static int n_sm = 0;
+    if (!n_sm) { // once: the SM count, and the 72 KB of shared memory the kernels need (over 48 KB: opt in)
+        int dev;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+#define OPT_IN(TY) CUDA_CHECK(cudaFuncSetAttribute(matmul_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM))
+        OPT_IN(GGML_TYPE_F16); OPT_IN(GGML_TYPE_Q4_0); OPT_IN(GGML_TYPE_IQ4_XS); OPT_IN(GGML_TYPE_Q5_K); OPT_IN(GGML_TYPE_Q6_K);
+#undef OPT_IN
+    }
+    cudaStream_t st = s->stream;
+    unsigned tt = (unsigned)((T + MM_TT - 1) / MM_TT), tn = (unsigned)((n_out + MM_TN - 1) / MM_TN);
+    int n_steps = (n_in / 32 + 1) / 2, ks = 1;
+    while (s->bpart && tt * tn * ks < 2u * n_sm && ks < 16 && n_steps / (2 * ks) >= 4 &&
+           (size_t)2 * ks * T * n_out <= s->part_elems)
+        ks *= 2;
+    dim3 grid(tt, tn, ks);
+    float *out = ks > 1 ? s->bpart : y;
+    switch (type) {
+#define MM(TY) case TY: matmul_kernel<TY><<<grid, MM_THREADS, MM_SMEM, st>>>(w, NB, *x, out, ldy, bias, T, n_in, n_out, accumulate); break
+    MM(GGML_TYPE_F16); MM(GGML_TYPE_Q4_0); MM(GGML_TYPE_IQ4_XS); MM(GGML_TYPE_Q5_K); MM(GGML_TYPE_Q6_K);
+#undef MM
+    default: die("matmul_tc: type %s", type_name(type));
+    }
+    KERNEL_CHECK();
+    if (ks > 1) {
+        size_t n = (size_t)T * n_out;
+        matmul_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(y, ldy, s->bpart, ks, bias, T, n_out, accumulate);
+        KERNEL_CHECK();
+    }
+}
+
+// y (T, ldy) (+)= x W^T (+ bias) for T rows. Float weights: the fp32 product. Weights in planes go
+// straight into the tensor-core product; any other type is first copied to fp16 a slice of rows at
+// a time (s->wscratch).
+static void matmul(const Tensor *W, const ActH *x, int T, float *y, int ldy, const float *bias, int accumulate,
+                   GpuState *s) {
+    cudaStream_t st = s->stream;
+    int n_in = (int)W->n_in, n_out = (int)W->n_out;
+    const uint8_t *w = (const uint8_t *)W->dev;
+    if (is_float_weight(W->type)) {
+        if (!x->f) die("prefill: float weight '%s' but no fp32 rows", W->name);
+        dim3 grid((unsigned)((T + SG_T - 1) / SG_T), (unsigned)((n_out + SG_N - 1) / SG_N));
+        if (W->type == GGML_TYPE_F32) matmul_f32_kernel<GGML_TYPE_F32><<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
+        if (W->type == GGML_TYPE_F16) matmul_f32_kernel<GGML_TYPE_F16><<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
+        if (W->type == GGML_TYPE_BF16) matmul_f32_kernel<GGML_TYPE_BF16><<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
+        KERNEL_CHECK();
+        return;
+    }
+    if (W->planes) {
+        size_t NB = (size_t)n_out * (n_in / 32);
+        matmul_tc(W->type, w, NB, x, T, y, ldy, bias, n_in, n_out, accumulate, s);
+        return;
+    }
+    int rows = (int)(s->wscratch_elems / n_in);
+    if (rows < 1) die("prefill: no fp16 scratch for '%s' (%s)", W->name, type_name(W->type));
+    size_t stride = row_bytes(W->type, W->n_in);
+    for (int r0 = 0; r0 < n_out; r0 += rows) {
+        int nr = n_out - r0 < rows ? n_out - r0 : rows;
+        size_t units = (size_t)nr * (n_in / 32);
+        unsigned blocks = (unsigned)((units + 127) / 128);
+        switch (W->type) {
+#define CASE(TY) case TY: dequant_f16_kernel<TY><<<blocks, 128, 0, st>>>(w, stride, s->wscratch, r0, nr, n_in); break
+        CASE(GGML_TYPE_Q4_1); CASE(GGML_TYPE_Q5_0); CASE(GGML_TYPE_Q5_1);
+        CASE(GGML_TYPE_Q8_0); CASE(GGML_TYPE_IQ4_NL); CASE(GGML_TYPE_Q4_K);
+        // the fast types always have planes; listed so that every type has a path
+        CASE(GGML_TYPE_Q4_0); CASE(GGML_TYPE_IQ4_XS); CASE(GGML_TYPE_Q5_K); CASE(GGML_TYPE_Q6_K);
+#undef CASE
+        default: die("prefill: no GPU path for type %s (tensor '%s')", type_name(W->type), W->name);
+        }
+        KERNEL_CHECK();
+        matmul_tc(GGML_TYPE_F16, (const uint8_t *)s->wscratch, 0, x, T, y + r0, ldy, bias ? bias + r0 : NULL, n_in, nr,
+                  accumulate, s);
+    }
+}
+
+static void rmsnorm_rows(ActH *out, const float *x, const float *w, int T, int n, float eps, cudaStream_t st) {
+    rmsnorm_rows_kernel<<<T, ROW_THREADS, 0, st>>>(*out, x, w, n, eps);
+    KERNEL_CHECK();
+}
+
+static void attention_batch_gpu(const Model *m, GpuState *s, int l, int T, int pos0) {
+    const Config *c = &m->c;
+    const LayerWeights *L = &m->w.layers[l];
+    cudaStream_t st = s->stream;
+    int hd = c->head_dim, gated = c->arch == ARCH_QWEN35;
+    int qdim = c->n_head * hd, kvdim = c->n_head_kv * hd;
+    float *qsrc = gated ? s->bqg : s->bq; // qwen35: per head [q | gate]
+    PROF("attn_q", L->wq.nbytes, matmul(&L->wq, &s->bxh, T, qsrc, gated ? 2 * qdim : qdim, DEV(L->bq), 0, s));
+    PROF("attn_k", L->wk.nbytes, matmul(&L->wk, &s->bxh, T, s->bk, kvdim, DEV(L->bk), 0, s));
+    PROF("attn_v", L->wv.nbytes, matmul(&L->wv, &s->bxh, T, s->bv, kvdim, DEV(L->bv), 0, s));
+    size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
+    __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
+    PROF("rope_kv_store", 0, (rope_and_kv_store_kernel<<<dim3(c->n_head + c->n_head_kv, T), 128, hd * 4, st>>>(
+             s->bq, qsrc, gated ? 2 * hd : hd, s->bk, s->bv, DEV(L->q_norm), DEV(L->k_norm), kc, vc, s->pos, c->n_head,
+             c->n_head_kv, hd, c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
+    dim3 grid((T + PF_TQ - 1) / PF_TQ, c->n_head);
+    PROF("attention", 0, (attention_prefill_kernel<<<grid, 128, pf_att_smem(hd), st>>>(
+             s->bq, kc, vc, s->bxh, gated ? s->bqg + hd : NULL, 2 * qdim, pos0, T, c->n_head, c->n_head_kv, hd),
+                          KERNEL_CHECK()));
+    PROF("attn_output", L->wo.nbytes, matmul(&L->wo, &s->bxh, T, s->bx, c->n_embd, NULL, 1, s));
+}
+
+static void deltanet_batch_gpu(const Model *m, GpuState *s, int l, int T) {
+    const Config *c = &m->c;
+    const LayerWeights *L = &m->w.layers[l];
+    cudaStream_t st = s->stream;
+    int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads, vdim = c->ssm_inner;
+    int conv_dim = (int)gdn_conv_dim(c);
+    size_t slot = (size_t)c->gdn_slot[l];
+    PROF("gdn_proj", L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes,
+         (matmul(&L->wqkv, &s->bxh, T, s->bmixed, conv_dim, NULL, 0, s), matmul(&L->wz, &s->bxh, T, s->bz, vdim, NULL, 0, s),
+          matmul(&L->w_beta, &s->bxh, T, s->bbeta, Hv, NULL, 0, s),
+          matmul(&L->w_alpha, &s->bxh, T, s->balpha, Hv, NULL, 0, s)));
+    float *cs = s->conv_state + slot * 3 * conv_dim, *state = s->ssm_state + slot * Hv * S * S;
+    size_t n_conv = (size_t)T * conv_dim;
+    PROF("gdn_conv", 0, (gdn_conv_rows_kernel<<<(unsigned)((n_conv + 255) / 256), 256, 0, st>>>(
+                             s->bconv, s->bmixed, DEV(L->conv1d), cs, conv_dim, T), KERNEL_CHECK(),
+                         gdn_conv_state_kernel<<<(conv_dim + 255) / 256, 256, 0, st>>>(cs, s->bmixed, conv_dim, T),
+                         KERNEL_CHECK(),
+                         gdn_norm_gates_rows_kernel<<<dim3(2 * Hk + Hv, T), S, 0, st>>>(
+                             s->bconv, s->bbeta, s->balpha, DEV(L->dt_bias), DEV(L->ssm_a), s->bgb, Hk, Hv, c->eps),
+                         KERNEL_CHECK()));
+    PROF("gdn_step", 0, gdn_step(state, s->bconv, s->bgb, s->braw, S, Hk, Hv, T, st));
+    PROF("gdn_norm", 0, (gdn_norm_gate_rows_kernel<<<T, S, 0, st>>>(s->bxh, s->braw, s->bz, DEV(L->ssm_norm), Hv, c->eps),
+                         KERNEL_CHECK()));
+    PROF("gdn_out", L->ssm_out.nbytes, matmul(&L->ssm_out, &s->bxh, T, s->bx, c->n_embd, NULL, 1, s));
+}
+
+// Rows tokens[0..T) at positions pos0.. through every layer at once (T <= n_batch); the residual
+// stream of every row is left in s->bx. The caches and DeltaNet states end as if the T tokens had
+// been fed one by one. Twin: T calls of forward_gpu (and of forward_cpu).
+static void forward_gpu_batch(const Model *m, GpuState *s, const int *tokens, int T, int pos0) {
+    const Config *c = &m->c;
+    const Weights *w = &m->w;
+    cudaStream_t st = s->stream;
+    int E = c->n_embd;
+    if (T < 1 || T > s->n_batch) die("prefill: %d rows for a batch of %d", T, s->n_batch);
+    if (pos0 + T > s->n_ctx) die("position %d is past the context of %d tokens", pos0 + T - 1, s->n_ctx);
+    CUDA_CHECK(cudaStreamSynchronize(st)); // h_bx and h_pos may still feed the previous pass's copies
+    for (int t = 0; t < T; t++) embed_token(m, tokens[t], s->h_bx + (size_t)t * E);
+    *s->h_pos = pos0;
+    CUDA_CHECK(cudaMemcpyAsync(s->bx, s->h_bx, (size_t)T * E * 4, cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(cudaMemcpyAsync(s->pos, s->h_pos, 4, cudaMemcpyHostToDevice, st));
+    if (pos0 == 0 && s->state_bytes) CUDA_CHECK(cudaMemsetAsync(s->conv_state, 0, s->state_bytes, st));
+    for (int l = 0; l < c->n_layer; l++) {
+        const LayerWeights *L = &w->layers[l];
+        PROF("rmsnorm", 0, rmsnorm_rows(&s->bxh, s->bx, DEV(L->attn_norm), T, E, c->eps, st));
+        if (c->kind[l] == LAYER_DELTANET) deltanet_batch_gpu(m, s, l, T);
+        else attention_batch_gpu(m, s, l, T, pos0);
+        PROF("rmsnorm", 0, rmsnorm_rows(&s->bxh, s->bx, DEV(L->ffn_norm), T, E, c->eps, st));
+        PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes,
+             (matmul(&L->w_gate, &s->bxh, T, s->bgate, c->n_ff, NULL, 0, s),
+              matmul(&L->w_up, &s->bxh, T, s->bup, c->n_ff, NULL, 0, s),
+              silu_mul_rows_kernel<<<T, ROW_THREADS, 0, st>>>(s->bxh, s->bgate, s->bup, c->n_ff), KERNEL_CHECK()));
+        PROF("ffn_down", L->w_down.nbytes, matmul(&L->w_down, &s->bxh, T, s->bx, E, NULL, 1, s));
+    }
+}
+
+// Logits of batch rows [r0, r0 + nr) of the last forward_gpu_batch into s->h_blogits (nr, n_vocab).
+static void batch_logits_gpu(const Model *m, GpuState *s, int r0, int nr) {
+    const Config *c = &m->c;
+    cudaStream_t st = s->stream;
+    if (nr < 1 || nr > s->n_logit_rows) die("prefill: %d logit rows for room of %d", nr, s->n_logit_rows);
+    PROF("rmsnorm", 0, rmsnorm_rows(&s->bxh, s->bx + (size_t)r0 * c->n_embd, DEV(m->w.output_norm), nr, c->n_embd, c->eps, st));
+    PROF("output", m->w.output.nbytes, matmul(&m->w.output, &s->bxh, nr, s->blogits, c->n_vocab, DEV(m->w.output_bias), 0, s));
+    CUDA_CHECK(cudaMemcpyAsync(s->h_blogits, s->blogits, (size_t)nr * c->n_vocab * 4, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -3180,7 +4114,7 @@ static void engine_init(Engine *e, Model *m, int use_gpu, int n_ctx) {
             exit(1);
         }
         if (g_verbose) budget_print(&b, m, n_ctx, g_vram_limit, stderr);
-        gpu_state_init(&e->gpu, &m->c, n_ctx);
+        gpu_state_init(&e->gpu, m, n_ctx);
         upload_weights(m, &e->gpu);
         gpu_capture(m, &e->gpu); // the graph's memory too is taken before the first token
     } else {
@@ -3202,6 +4136,42 @@ static float *engine_forward(Engine *e, int token, int pos) {
     }
     forward_cpu(e->m, &e->cpu, token, pos);
     return e->cpu.logits;
+}
+
+// Feed tokens[0..n) at positions pos, pos+1, ...: a prompt. The logits after each token i >= first
+// (first <= n - 1) are handed to each(ctx, i, logits) in order when `each` is given; the logits after
+// the last token are returned, valid until the next call. On the GPU the tokens go through the model
+// in batches of up to -b rows (section 6b), else one at a time.
+typedef void (*LogitsFn)(void *ctx, int i, const float *logits);
+static float *engine_eval(Engine *e, const int *tokens, int n, int pos, int first, LogitsFn each, void *ctx) {
+    const Config *c = &e->m->c;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
+            die("token id %d is outside the vocabulary (0..%d)", tokens[i], c->n_vocab - 1);
+    if (n < 1 || first > n - 1) die("engine_eval: %d tokens, logits from %d", n, first);
+    GpuState *s = &e->gpu;
+    if (!e->use_gpu || !s->n_batch || n == 1) {
+        float *logits = NULL;
+        for (int i = 0; i < n; i++) {
+            logits = engine_forward(e, tokens[i], pos + i);
+            if (each && i >= first) each(ctx, i, logits);
+        }
+        return logits;
+    }
+    float *last = NULL;
+    for (int b0 = 0; b0 < n; b0 += s->n_batch) {
+        int T = n - b0 < s->n_batch ? n - b0 : s->n_batch;
+        forward_gpu_batch(e->m, s, tokens + b0, T, pos + b0);
+        int r = first > b0 ? first - b0 : 0;
+        for (; r < T; r += s->n_logit_rows) {
+            int nr = T - r < s->n_logit_rows ? T - r : s->n_logit_rows;
+            batch_logits_gpu(e->m, s, r, nr);
+            for (int k = 0; k < nr; k++)
+                if (each) each(ctx, b0 + r + k, s->h_blogits + (size_t)k * c->n_vocab);
+            last = s->h_blogits + (size_t)(nr - 1) * c->n_vocab;
+        }
+    }
+    return last;
 }
 
 // Bytes the GPU moves to produce one token at context length n_past: every uploaded weight once,
@@ -3270,6 +4240,44 @@ static double measure_copy_bandwidth(void) {
     return 2.0 * n / (ms[5] * 1e-3);
 }
 
+// Per-kernel timing for --bench: prof_start arms the PROF marks, prof_finish prints one row per
+// kernel name (calls, bytes of weights it read, time, GB/s, share of the pass).
+static void prof_start(const Model *m) {
+    g_prof_cap = 64 + 24 * m->c.n_layer;
+    g_prof = (ProfMark *)xcalloc(g_prof_cap, sizeof(ProfMark));
+    for (int i = 0; i < g_prof_cap; i++) {
+        CUDA_CHECK(cudaEventCreate(&g_prof[i].start));
+        CUDA_CHECK(cudaEventCreate(&g_prof[i].stop));
+    }
+    g_prof_n = 0;
+}
+static void prof_finish(const char *title) {
+    typedef struct { const char *name; int calls; double bytes, ms; } Row;
+    Row rows[32];
+    int nr = 0;
+    double total_ms = 0;
+    for (int i = 0; i < g_prof_n; i++) {
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, g_prof[i].start, g_prof[i].stop));
+        total_ms += ms;
+        int r = 0;
+        while (r < nr && strcmp(rows[r].name, g_prof[i].name)) r++;
+        if (r == nr) { if (nr == 32) continue; rows[nr++] = (Row){g_prof[i].name, 0, 0, 0}; }
+        rows[r].calls++;
+        rows[r].bytes += g_prof[i].bytes;
+        rows[r].ms += ms;
+    }
+    printf("\nper kernel, %s (CUDA events around each launch, no graph):\n", title);
+    printf("  %-16s %6s %12s %10s %9s %7s\n", "kernel", "calls", "bytes", "us", "GB/s", "share");
+    for (int r = 0; r < nr; r++)
+        printf("  %-16s %6d %12.0f %10.1f %9.0f %6.1f%%\n", rows[r].name, rows[r].calls, rows[r].bytes, rows[r].ms * 1e3,
+               rows[r].bytes > 0 ? rows[r].bytes / (rows[r].ms * 1e-3) / 1e9 : 0.0, 100.0 * rows[r].ms / total_ms);
+    printf("  %-16s %6d %12s %10.1f\n", "sum", g_prof_n, "", total_ms * 1e3);
+    for (int i = 0; i < g_prof_cap; i++) { cudaEventDestroy(g_prof[i].start); cudaEventDestroy(g_prof[i].stop); }
+    free(g_prof);
+    g_prof = NULL;
+}
+
 static void run_bench(Model *m, int n_ctx) {
     const int ctxs[2] = {128, 2048};
     if (n_ctx < 2048 + 1) n_ctx = 2048 + 1;
@@ -3281,7 +4289,7 @@ static void run_bench(Model *m, int n_ctx) {
     printf("measured copy bandwidth (device-to-device, 1 GiB, read + write): %.0f GB/s\n", copy_bw / 1e9);
 
     GpuState s;
-    gpu_state_init(&s, &m->c, n_ctx);
+    gpu_state_init(&s, m, n_ctx);
     upload_weights(m, &s);
     size_t cache = (size_t)m->c.n_kv_layers * n_ctx * m->c.n_head_kv * m->c.head_dim;
     fill_random_half_kernel<<<1024, 256, 0, s.stream>>>(s.key_cache, cache, 1);
@@ -3312,41 +4320,45 @@ static void run_bench(Model *m, int n_ctx) {
     }
 
     // per kernel: one forward pass at the last context, launched directly with events around each launch
-    g_prof_cap = 64 + 16 * m->c.n_layer;
-    g_prof = (ProfMark *)xcalloc(g_prof_cap, sizeof(ProfMark));
-    for (int i = 0; i < g_prof_cap; i++) {
-        CUDA_CHECK(cudaEventCreate(&g_prof[i].start));
-        CUDA_CHECK(cudaEventCreate(&g_prof[i].stop));
-    }
-    g_prof_n = 0;
+    prof_start(m);
     CUDA_CHECK(cudaMemcpyAsync(s.x, s.h_x, m->c.n_embd * 4u, cudaMemcpyHostToDevice, s.stream));
     CUDA_CHECK(cudaMemcpyAsync(s.pos, s.h_pos, 4, cudaMemcpyHostToDevice, s.stream));
     forward_gpu_enqueue(m, &s);
     CUDA_CHECK(cudaStreamSynchronize(s.stream));
-    typedef struct { const char *name; int calls; double bytes, ms; } Row;
-    Row rows[32];
-    int nr = 0;
-    double total_ms = 0;
-    for (int i = 0; i < g_prof_n; i++) {
-        float ms;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, g_prof[i].start, g_prof[i].stop));
-        total_ms += ms;
-        int r = 0;
-        while (r < nr && strcmp(rows[r].name, g_prof[i].name)) r++;
-        if (r == nr) { if (nr == 32) continue; rows[nr++] = (Row){g_prof[i].name, 0, 0, 0}; }
-        rows[r].calls++;
-        rows[r].bytes += g_prof[i].bytes;
-        rows[r].ms += ms;
+    char title[128];
+    snprintf(title, sizeof title, "one forward pass at context %d", ctxs[1]);
+    prof_finish(title);
+
+    // prefill: pp512 = a 512-token prompt from position 0, logits of its last token
+    if (s.n_batch >= 512) {
+        const int P = 512;
+        int toks[512];
+        uint64_t r = 42;
+        for (int i = 0; i < P; i++) toks[i] = (int)(rng_u32(&r) % (uint32_t)m->c.n_vocab);
+        double layer_weights = 0; // weights every prompt row multiplies (the output matrix: one row only)
+        for (int l = 0; l < m->c.n_layer; l++) {
+            const LayerWeights *L = &m->w.layers[l];
+            const Tensor *lt[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wqkv, &L->wz, &L->w_beta, &L->w_alpha,
+                                  &L->ssm_out, &L->w_gate, &L->w_up, &L->w_down};
+            for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++)
+                if (lt[i]->name) layer_weights += (double)lt[i]->n_in * lt[i]->n_out;
+        }
+        double best = 1e30;
+        for (int rep = 0; rep < 4; rep++) { // the first run is a warm-up
+            double t0 = now_sec();
+            forward_gpu_batch(m, &s, toks, P, 0);
+            batch_logits_gpu(m, &s, P - 1, 1);
+            double dt = now_sec() - t0;
+            if (rep > 0 && dt < best) best = dt;
+        }
+        printf("\nprefill (-b %d, best of 3):\n", s.n_batch);
+        printf("  pp%d: %.1f ms, %.1f tok/s, %.1f TFLOP/s (2 x %.3g layer weights x %d tokens)\n", P, best * 1e3,
+               P / best, 2.0 * layer_weights * P / best / 1e12, layer_weights, P);
+        prof_start(m);
+        forward_gpu_batch(m, &s, toks, P, 0);
+        batch_logits_gpu(m, &s, P - 1, 1);
+        prof_finish("one pp512 pass");
     }
-    printf("\nper kernel, one forward pass at context %d (CUDA events around each launch, no graph):\n", ctxs[1]);
-    printf("  %-16s %6s %12s %10s %9s %7s\n", "kernel", "calls", "bytes", "us", "GB/s", "share");
-    for (int r = 0; r < nr; r++)
-        printf("  %-16s %6d %12.0f %10.1f %9.0f %6.1f%%\n", rows[r].name, rows[r].calls, rows[r].bytes, rows[r].ms * 1e3,
-               rows[r].bytes > 0 ? rows[r].bytes / (rows[r].ms * 1e-3) / 1e9 : 0.0, 100.0 * rows[r].ms / total_ms);
-    printf("  %-16s %6d %12s %10.1f\n", "sum", g_prof_n, "", total_ms * 1e3);
-    for (int i = 0; i < g_prof_cap; i++) { cudaEventDestroy(g_prof[i].start); cudaEventDestroy(g_prof[i].stop); }
-    free(g_prof);
-    g_prof = NULL;
     gpu_state_free(&s);
 }
 
@@ -3589,58 +4601,84 @@ static void mean_err(double sum, double sum2, int n, double *mean, double *err) 
 // Evaluate tokens[0 .. n_chunk*n_ctx) chunk by chunk; with out_base also write the records of a base
 // file (its header first: kld_base_write_header), with in_base score against it. `e` must have room
 // for n_ctx positions.
+// Running sums of a perplexity / KL-divergence pass; ppl_score adds one scored position.
+typedef struct {
+    int V, c, first, per_chunk;
+    const int *tk;                // the chunk's tokens
+    size_t nv;                    // words per base-file record
+    uint16_t *rec;                // (nv)
+    double *lp, *lpb;             // (V) log-probabilities: ours, the base file's
+    double *klds;                 // (n_chunk * per_chunk) every position's KL divergence
+    FILE *out_base;
+    const KldBase *in_base;
+    double nll, nll2, nllb, nllb2, dp, dp2, lr, lr2, kl, kl2;
+    int n, same;
+} PplAcc;
+
+static void ppl_score(void *ctx, int j, const float *logits) { // logits after token j predict token j+1
+    PplAcc *a = (PplAcc *)ctx;
+    int V = a->V;
+    log_softmax(logits, V, a->lp);
+    double l = -a->lp[a->tk[j + 1]];
+    a->nll += l;
+    a->nll2 += l * l;
+    if (a->out_base) {
+        kld_encode(logits, V, a->rec);
+        if (fwrite(a->rec, 2, a->nv, a->out_base) != a->nv) die("writing the KL-divergence base file failed");
+    }
+    if (a->in_base) {
+        const double *lp = a->lp, *lpb = a->lpb;
+        kld_decode(a->in_base->records + ((size_t)a->c * a->per_chunk + (j - a->first)) * a->nv, V, a->lpb);
+        double k = 0;
+        int top = 0, topb = 0;
+        for (int i = 0; i < V; i++) {
+            k += exp(lpb[i]) * (lpb[i] - lp[i]); // KL(base || ours)
+            if (lp[i] > lp[top]) top = i;
+            if (lpb[i] > lpb[topb]) topb = i;
+        }
+        a->klds[a->n] = k;
+        a->kl += k;
+        a->kl2 += k * k;
+        a->same += top == topb;
+        double lb = -lpb[a->tk[j + 1]];
+        a->nllb += lb;
+        a->nllb2 += lb * lb;
+        double d = exp(-l) - exp(-lb);
+        a->dp += d;
+        a->dp2 += d * d;
+        a->lr += l - lb;
+        a->lr2 += (l - lb) * (l - lb);
+    }
+    a->n++;
+}
+
 static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx, FILE *out_base, const KldBase *in_base,
                             int verbose) {
-    int V = e->m->c.n_vocab, first = n_ctx / 2, per_chunk = n_ctx - 1 - first;
-    size_t nv = kld_record_words(V);
-    uint16_t *rec = (uint16_t *)xmalloc(nv * 2);
-    double *lp = (double *)xmalloc((size_t)V * sizeof(double)), *lpb = (double *)xmalloc((size_t)V * sizeof(double));
-    double *klds = (double *)xmalloc((size_t)n_chunk * per_chunk * sizeof(double));
-    double nll = 0, nll2 = 0, nllb = 0, nllb2 = 0, dp = 0, dp2 = 0, lr = 0, lr2 = 0, kl = 0, kl2 = 0;
-    int n = 0, same = 0;
+    PplAcc a;
+    memset(&a, 0, sizeof a);
+    a.V = e->m->c.n_vocab;
+    a.first = n_ctx / 2;
+    a.per_chunk = n_ctx - 1 - a.first;
+    a.nv = kld_record_words(a.V);
+    a.rec = (uint16_t *)xmalloc(a.nv * 2);
+    a.lp = (double *)xmalloc((size_t)a.V * sizeof(double));
+    a.lpb = (double *)xmalloc((size_t)a.V * sizeof(double));
+    a.klds = (double *)xmalloc((size_t)n_chunk * a.per_chunk * sizeof(double));
+    a.out_base = out_base;
+    a.in_base = in_base;
     double t0 = now_sec();
     for (int c = 0; c < n_chunk; c++) {
-        const int *tk = tokens + (size_t)c * n_ctx;
-        for (int j = 0; j < n_ctx - 1; j++) {
-            float *logits = engine_forward(e, tk[j], j); // position 0 starts from an empty state
-            if (j < first) continue;
-            log_softmax(logits, V, lp);
-            double l = -lp[tk[j + 1]];
-            nll += l;
-            nll2 += l * l;
-            if (out_base) {
-                kld_encode(logits, V, rec);
-                if (fwrite(rec, 2, nv, out_base) != nv) die("writing the KL-divergence base file failed");
-            }
-            if (in_base) {
-                kld_decode(in_base->records + ((size_t)c * per_chunk + (j - first)) * nv, V, lpb);
-                double k = 0;
-                int top = 0, topb = 0;
-                for (int i = 0; i < V; i++) {
-                    k += exp(lpb[i]) * (lpb[i] - lp[i]); // KL(base || ours)
-                    if (lp[i] > lp[top]) top = i;
-                    if (lpb[i] > lpb[topb]) topb = i;
-                }
-                klds[n] = k;
-                kl += k;
-                kl2 += k * k;
-                same += top == topb;
-                double lb = -lpb[tk[j + 1]];
-                nllb += lb;
-                nllb2 += lb * lb;
-                double d = exp(-l) - exp(-lb);
-                dp += d;
-                dp2 += d * d;
-                lr += l - lb;
-                lr2 += (l - lb) * (l - lb);
-            }
-            n++;
-        }
+        a.c = c;
+        a.tk = tokens + (size_t)c * n_ctx;
+        engine_eval(e, a.tk, n_ctx - 1, 0, a.first, ppl_score, &a); // position 0 starts from an empty state
         if (verbose) {
-            fprintf(stderr, "[%d]%.4f%s", c + 1, exp(nll / n), c + 1 < n_chunk ? "," : "\n");
+            fprintf(stderr, "[%d]%.4f%s", c + 1, exp(a.nll / a.n), c + 1 < n_chunk ? "," : "\n");
             fflush(stderr);
         }
     }
+    int n = a.n, same = a.same;
+    double nll = a.nll, nll2 = a.nll2, nllb = a.nllb, nllb2 = a.nllb2, dp = a.dp, dp2 = a.dp2, lr = a.lr, lr2 = a.lr2;
+    double kl = a.kl, kl2 = a.kl2, *klds = a.klds;
     PplResult r;
     memset(&r, 0, sizeof r);
     r.n_scored = n;
@@ -3670,7 +4708,7 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
         r.dp_mean = dp / n;
         r.dp_rms = sqrt(dp2 / n);
     }
-    free(rec); free(lp); free(lpb); free(klds);
+    free(a.rec); free(a.lp); free(a.lpb); free(klds);
     return r;
 }
 
@@ -3697,6 +4735,14 @@ static void print_perplexity(const PplResult *r, int kld) {
 
 #ifndef TESTING
 
+// --dump-logits: every prompt position's logits as raw float32 rows
+typedef struct { FILE *f; const char *path; int n_vocab; } DumpCtx;
+static void dump_logits(void *ctx, int i, const float *logits) {
+    DumpCtx *d = (DumpCtx *)ctx;
+    (void)i;
+    if (fwrite(logits, sizeof(float), d->n_vocab, d->f) != (size_t)d->n_vocab) die("writing '%s' failed", d->path);
+}
+
 static void usage(void) {
     fprintf(stderr,
             "usage: qwen -m MODEL.gguf [options]\n"
@@ -3718,7 +4764,7 @@ static void usage(void) {
             "  --detokenize IDS  print the text of ids such as 9707,1879 and exit\n"
             "  -n N              tokens to generate (default 256)\n"
             "  -c N              context length: the KV cache is allocated for N tokens (default 4096)\n"
-            "  -b N              prompt batch size (accepted; prompts are processed token by token)\n"
+            "  -b N              prompt tokens per batched pass on the GPU (default 512; 1: one at a time)\n"
             "  --temp T          temperature, 0 = greedy (default 0.8)\n"
             "  --top-k K         keep the K most likely tokens, 0 = off (default 40)\n"
             "  --top-p P         nucleus sampling, 1 = off (default 0.95)\n"
@@ -3795,6 +4841,7 @@ int main(int argc, char **argv) {
     if (chat && tokens_arg) die("--chat builds its prompt from text: use -p or -f, not --tokens");
     if (n_ctx <= 0) die("-c %d: the context length must be positive", n_ctx);
     if (n_batch <= 0) die("-b %d: the batch size must be positive", n_batch);
+    g_n_batch = n_batch;
     if (n_predict < 0) die("-n %d: must be >= 0", n_predict);
     if (top_p <= 0.0f || top_p > 1.0f) die("--top-p %g: must be in (0, 1]", top_p);
     if (seed < 0) seed = (long long)time(NULL);
@@ -3967,12 +5014,9 @@ int main(int argc, char **argv) {
             break;
         }
         double t0 = now_sec();
-        float *logits = NULL;
-        for (int i = 0; i < n_prompt; i++) {
-            logits = engine_forward(&e, ids[i], pos++);
-            if (dump && fwrite(logits, sizeof(float), c->n_vocab, dump) != (size_t)c->n_vocab)
-                die("writing '%s' failed", dump_path);
-        }
+        DumpCtx dc = {dump, dump_path, c->n_vocab};
+        float *logits = engine_eval(&e, ids, n_prompt, pos, dump ? 0 : n_prompt - 1, dump ? dump_logits : NULL, &dc);
+        pos += n_prompt;
         t_prompt += now_sec() - t0;
         n_prompt_total += n_prompt;
         if (dump) {

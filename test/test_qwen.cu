@@ -544,7 +544,8 @@ static int greedy_ref(const char *model, const char *type, int *out) {
 // Run one sequence through an engine from position 0 and compare with the reference file.
 typedef struct { double max_over_std, kl_mean; double top1; int ok; } SeqResult;
 
-static SeqResult run_seq(Engine *e, const Seq *s, const float *ref, size_t ref_n) {
+// tok: (n, V) where the logits are kept, or NULL
+static SeqResult run_seq(Engine *e, const Seq *s, const float *ref, size_t ref_n, float *tok) {
     SeqResult r = {0, 0, 0, 0};
     int V = e->m->c.n_vocab;
     if (ref_n != (size_t)s->n * V) return r;
@@ -552,6 +553,7 @@ static SeqResult run_seq(Engine *e, const Seq *s, const float *ref, size_t ref_n
     int top = 0;
     for (int i = 0; i < s->n; i++) {
         float *lg = engine_forward(e, s->ids[i], i);
+        if (tok) memcpy(tok + (size_t)i * V, lg, (size_t)V * 4);
         const float *rf = ref + (size_t)i * V;
         for (int j = 0; j < V; j++) maxd = fmax(maxd, fabs((double)lg[j] - rf[j]));
         kl += kl_div(rf, lg, V);
@@ -562,6 +564,32 @@ static SeqResult run_seq(Engine *e, const Seq *s, const float *ref, size_t ref_n
     r.top1 = (double)top / s->n;
     r.ok = 1;
     return r;
+}
+
+// The sequence as one prompt through engine_eval (batched on the GPU, -b rows at a time): mean KL
+// against the reference and against the token-by-token logits tok (n, V), and top-1 agreement with tok.
+typedef struct { float *buf; int V; } Collect;
+static void collect_logits(void *ctx, int i, const float *lg) {
+    Collect *c = (Collect *)ctx;
+    memcpy(c->buf + (size_t)i * c->V, lg, (size_t)c->V * 4);
+}
+static void run_seq_prompt(Engine *e, const Seq *s, const float *ref, const float *tok, double *kl_ref, double *kl_tok,
+                           double *top1) {
+    int V = e->m->c.n_vocab;
+    Collect c = {(float *)xmalloc((size_t)s->n * V * 4), V};
+    engine_eval(e, s->ids, s->n, 0, 0, collect_logits, &c);
+    double a = 0, b = 0;
+    int same = 0;
+    for (int i = 0; i < s->n; i++) {
+        const float *lg = c.buf + (size_t)i * V;
+        a += kl_div(ref + (size_t)i * V, lg, V);
+        b += kl_div(tok + (size_t)i * V, lg, V);
+        same += argmax(lg, V) == argmax(tok + (size_t)i * V, V);
+    }
+    *kl_ref = a / s->n;
+    *kl_tok = b / s->n;
+    *top1 = (double)same / s->n;
+    free(c.buf);
 }
 
 static void greedy_continuation(Engine *e, const Seq *text, int *out, int n) {
@@ -588,14 +616,35 @@ static void test_models(int use_gpu) {
         snprintf(path, sizeof path, "%s/%s-%s.gguf", mf[i].dir, mf[i].model, mf[i].type);
         Model m;
         model_open(&m, path);
-        Engine e;
-        engine_init(&e, &m, use_gpu, 512);
+        Engine e, eb;
+        engine_init(&e, &m, use_gpu, 512); // prompts in one batch of up to 512 rows
+        if (use_gpu) {                     // and in batches of 5: rows carried across batches
+            g_n_batch = 5;
+            engine_init(&eb, &m, use_gpu, 512);
+            g_n_batch = 512;
+        }
         for (int s = 0; s < n_seqs; s++) {
             snprintf(path, sizeof path, "%s/%s-%s-%s.f32", mf[i].dir, mf[i].model, mf[i].type, SEQS[s].name);
             size_t rn;
             float *ref = read_f32(path, &rn);
             if (!ref) continue; // not every (type, seq) has a reference
-            SeqResult r = run_seq(&e, &SEQS[s], ref, rn);
+            int V = m.c.n_vocab;
+            float *tok = use_gpu ? (float *)xmalloc((size_t)SEQS[s].n * V * 4) : NULL;
+            SeqResult r = run_seq(&e, &SEQS[s], ref, rn, tok);
+            if (use_gpu && r.ok) {
+                double tol = is_float_type(mf[i].type) ? 5e-5 : 1e-3;
+                for (int b = 0; b < 2; b++) {
+                    double kr, kt, t1;
+                    run_seq_prompt(b ? &eb : &e, &SEQS[s], ref, tok, &kr, &kt, &t1);
+                    snprintf(name, sizeof name, "gpu prefill -b %d KL %s-%s %s vs token by token (top1 %.0f%%)",
+                             b ? 5 : 512, mf[i].model, mf[i].type, SEQS[s].name, 100 * t1);
+                    report(kt <= tol, name, kt, tol);
+                    snprintf(name, sizeof name, "gpu prefill -b %d KL %s-%s %s vs reference", b ? 5 : 512, mf[i].model,
+                             mf[i].type, SEQS[s].name);
+                    report(kr <= tol, name, kr, tol);
+                }
+            }
+            free(tok);
             free(ref);
             if (!use_gpu) {
                 snprintf(name, sizeof name, "cpu logits %s-%s %s: max|d|/std", mf[i].model, mf[i].type, SEQS[s].name);
@@ -628,6 +677,7 @@ static void test_models(int use_gpu) {
             else printf("info %-64s %d of %d equal (not required for quantized files)\n", name, same, nref);
         }
         engine_free(&e);
+        if (use_gpu) engine_free(&eb);
         gguf_close(&m.gguf);
     }
 }
@@ -1315,7 +1365,10 @@ static int upload_like_engine(Tensor *W) {
 
 static double max_rel_err(const float *got, const float *ref, const double *scale, int n) {
     double worst = 0;
-    for (int i = 0; i < n; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]) / (scale[i] + 1e-6));
+    for (int i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]) / (scale[i] + 1e-6);
+        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e; // a NaN is the worst error, not a skipped one
+    }
     return worst;
 }
 
@@ -1718,7 +1771,7 @@ static void test_gpu_deltanet(void) {
                            gb[Hv + h], o + h * S, S);
             // GPU
             gdn_conv_norm_kernel<<<2 * Hk + Hv, S>>>(dmixed, dw, dcs, dbraw, daraw, ddtb, da, dgb, Hk, Hv, 1e-6f);
-            gdn_step_kernel<<<dim3(Hv, (S + GDN_ROWS - 1) / GDN_ROWS), GDN_ROWS * WARP>>>(dM, dmixed, dgb, dO, S, Hk, Hv);
+            gdn_step(dM, dmixed, dgb, dO, S, Hk, Hv, 1, 0);
             KERNEL_CHECK();
             CUDA_CHECK(cudaMemcpy(got, dmixed, conv_dim * 4, cudaMemcpyDeviceToHost));
             CUDA_CHECK(cudaMemcpy(ggb, dgb, 2 * Hv * 4, cudaMemcpyDeviceToHost));
@@ -1755,6 +1808,154 @@ static void test_gpu_deltanet(void) {
     }
 }
 
+// =================================================================================================
+// Prefill kernels (section 6b) against their C twins
+// =================================================================================================
+
+// fp16 input rows as the engine makes them: per-row power-of-two scale, X = fp16(x / s)
+static void make_rows(const float *x, int T, int n, uint16_t *X, float *s) {
+    for (int t = 0; t < T; t++) {
+        float amax = 0;
+        for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[(size_t)t * n + i]));
+        s[t] = row_scale(amax);
+        for (int i = 0; i < n; i++) X[(size_t)t * n + i] = f32_to_fp16_bits(x[(size_t)t * n + i] / s[t]);
+    }
+}
+
+static void test_gpu_matmul(void) {
+    const int types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
+                         GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
+                         GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    // (T rows, n_in in blocks, n_out): one row, edges of the 128 x 128 tiles, several tiles each way,
+    // long rows with few outputs (k split over blocks)
+    const int shapes[][3] = {{1, 1, 1}, {5, 3, 37}, {130, 2, 129}, {200, 5, 300}, {7, 48, 40}};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        int type = types[ti];
+        char name[160], name2[160];
+        snprintf(name, sizeof name, "gpu prefill product %s vs matmul_c (5 shapes, bias, accumulate, k split): |d|/sum|wx|",
+                 type_name(type));
+        snprintf(name2, sizeof name2, "gpu prefill product %s vs fp32 operands%s: |d|/sum|wx|", type_name(type),
+                 is_float_weight(type) ? "" : " (fp16 rounding)");
+        if (!HAVE_GPU) { skip(name, "no GPU"); skip(name2, "no GPU"); continue; }
+        double worst = 0, worst_exact = 0;
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int blk = TYPE_TRAITS[type].blck == 1 ? 32 : TYPE_TRAITS[type].blck;
+            int T = shapes[si][0], n_in = shapes[si][1] * blk, n_out = shapes[si][2];
+            size_t rb = row_bytes(type, n_in);
+            uint8_t *w = (uint8_t *)xmalloc(rb * n_out);
+            for (int r = 0; r < n_out; r++) random_row(type, w + r * rb, n_in);
+            float *x = (float *)xmalloc((size_t)T * n_in * 4), *xs = (float *)xmalloc(T * 4);
+            uint16_t *X = (uint16_t *)xmalloc((size_t)T * n_in * 2);
+            random_act(x, T * n_in);
+            make_rows(x, T, n_in, X, xs);
+            float *bias = (float *)xmalloc(n_out * 4), *y0 = (float *)xmalloc((size_t)T * n_out * 4);
+            float *ref = (float *)xmalloc((size_t)T * n_out * 4), *got = (float *)xmalloc((size_t)T * n_out * 4);
+            float *row = (float *)xmalloc(n_in * 4);
+            double *scale = (double *)xmalloc((size_t)T * n_out * sizeof(double));
+            for (int i = 0; i < n_out; i++) bias[i] = nrand();
+            for (int i = 0; i < T * n_out; i++) y0[i] = nrand();
+            Tensor W = {"test", type, n_in, n_out, w, rb * n_out, NULL, 0};
+            upload_like_engine(&W);
+            GpuState s;
+            memset(&s, 0, sizeof s);
+            s.wscratch_elems = (size_t)n_in * 50; // several slices for the types without planes
+            CUDA_CHECK(cudaMalloc(&s.wscratch, s.wscratch_elems * 2));
+            s.part_elems = (size_t)1 << 20;
+            CUDA_CHECK(cudaMalloc(&s.bpart, s.part_elems * 4));
+            ActH a = {(__half *)dcopy(X, (size_t)T * n_in * 2), (float *)dcopy(xs, T * 4), n_in,
+                      (float *)dcopy(x, (size_t)T * n_in * 4)};
+            float *dy, *db = (float *)dcopy(bias, n_out * 4);
+            CUDA_CHECK(cudaMalloc(&dy, (size_t)T * n_out * 4));
+            float *exact = (float *)xmalloc((size_t)T * n_out * 4);
+            for (int accumulate = 0; accumulate < 2; accumulate++) {
+                memcpy(ref, y0, (size_t)T * n_out * 4);
+                matmul_c(&W, X, xs, x, n_in, T, ref, n_out, bias, accumulate, row);
+                for (int n = 0; n < n_out; n++) { // the fp32 product and the error scale sum |w_i x_i| (+ |bias| + |y0|)
+                    dequant_row(type, w + n * rb, row, n_in);
+                    for (int t = 0; t < T; t++) {
+                        size_t o = (size_t)t * n_out + n;
+                        double sa = fabs(bias[n]) + (accumulate ? fabs(y0[o]) : 0), e = 0;
+                        for (int i = 0; i < n_in; i++) {
+                            sa += fabs((double)row[i] * x[(size_t)t * n_in + i]);
+                            e += (double)row[i] * x[(size_t)t * n_in + i];
+                        }
+                        scale[o] = sa;
+                        exact[o] = (float)(e + bias[n] + (accumulate ? y0[o] : 0));
+                    }
+                }
+                CUDA_CHECK(cudaMemcpy(dy, y0, (size_t)T * n_out * 4, cudaMemcpyHostToDevice));
+                matmul(&W, &a, T, dy, n_out, db, accumulate, &s);
+                CUDA_CHECK(cudaMemcpy(got, dy, (size_t)T * n_out * 4, cudaMemcpyDeviceToHost));
+                worst = fmax(worst, max_rel_err(got, ref, scale, T * n_out));
+                worst_exact = fmax(worst_exact, max_rel_err(got, exact, scale, T * n_out));
+            }
+            free(exact);
+            cudaFree(W.dev); cudaFree(a.h); cudaFree(a.s); cudaFree(a.f); cudaFree(dy); cudaFree(db); cudaFree(s.wscratch); cudaFree(s.bpart);
+            free(w); free(x); free(xs); free(X); free(bias); free(y0); free(ref); free(got); free(row); free(scale);
+        }
+        report(worst <= 1e-5, name, worst, 1e-5);
+        double tol2 = is_float_weight(type) ? 1e-5 : 2e-3; // float weights: fp32 all the way
+        report(worst_exact <= tol2, name2, worst_exact, tol2);
+    }
+}
+
+// Causal attention over a batch: every row t against attention_c at position pos0 + t
+static void test_gpu_attention_prefill(void) {
+    const int cfg[][4] = {{3, 64, 0, 0}, {8, 128, 37, 0}, {6, 256, 5, 1}}; // g, hd, pos0, gated
+    for (int ci = 0; ci < 3; ci++) {
+        int g = cfg[ci][0], hd = cfg[ci][1], pos0 = cfg[ci][2], gated = cfg[ci][3];
+        const int n_kv = 2, T = 45;
+        int n_head = g * n_kv, n_pos = pos0 + T, qdim = n_head * hd;
+        char name[160];
+        snprintf(name, sizeof name, "gpu attention_prefill_kernel vs attention_c (g=%d, hd=%d, %d rows from pos %d%s)", g,
+                 hd, T, pos0, gated ? ", sigmoid gate" : "");
+        if (!HAVE_GPU) { skip(name, "no GPU"); continue; }
+        size_t cn = (size_t)n_pos * n_kv * hd;
+        float *fk = (float *)xmalloc(cn * 4), *fv = (float *)xmalloc(cn * 4);
+        __half *hk = (__half *)xmalloc(cn * 2), *hv = (__half *)xmalloc(cn * 2);
+        for (size_t i = 0; i < cn; i++) {
+            hk[i] = __float2half(nrand()); hv[i] = __float2half(nrand());
+            fk[i] = __half2float(hk[i]); fv[i] = __half2float(hv[i]);
+        }
+        float *q = (float *)xmalloc((size_t)T * qdim * 4), *gate = (float *)xmalloc((size_t)T * 2 * qdim * 4);
+        for (int i = 0; i < T * qdim; i++) q[i] = nrand() * 2;
+        for (int i = 0; i < T * 2 * qdim; i++) gate[i] = nrand();
+        float *ref = (float *)xmalloc(qdim * 4), *att = (float *)xmalloc(n_pos * 4);
+        __half *dk = (__half *)dcopy(hk, cn * 2), *dv = (__half *)dcopy(hv, cn * 2);
+        float *dq = (float *)dcopy(q, (size_t)T * qdim * 4), *dg = (float *)dcopy(gate, (size_t)T * 2 * qdim * 4);
+        ActH out;
+        out.ld = qdim;
+        out.f = NULL;
+        CUDA_CHECK(cudaMalloc(&out.h, (size_t)T * qdim * 2));
+        CUDA_CHECK(cudaMalloc(&out.s, T * 4));
+        if (pf_att_smem(hd) > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)pf_att_smem(hd)));
+        attention_prefill_kernel<<<dim3((T + PF_TQ - 1) / PF_TQ, n_head), 128, pf_att_smem(hd)>>>(
+            dq, dk, dv, out, gated ? dg + hd : NULL, 2 * qdim, pos0, T, n_head, n_kv, hd);
+        KERNEL_CHECK();
+        __half *got = (__half *)xmalloc((size_t)T * qdim * 2);
+        float *gs = (float *)xmalloc(T * 4);
+        CUDA_CHECK(cudaMemcpy(got, out.h, (size_t)T * qdim * 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(gs, out.s, T * 4, cudaMemcpyDeviceToHost));
+        double e = 0;
+        int scales_ok = 1;
+        for (int t = 0; t < T; t++) {
+            attention_c(ref, q + (size_t)t * qdim, fk, fv, att, n_head, n_kv, hd, pos0 + t);
+            scales_ok &= gs[t] == 1.0f;
+            for (int i = 0; i < qdim; i++) {
+                float r = ref[i];
+                if (gated) r *= sigmoid_c(gate[(size_t)t * 2 * qdim + (size_t)(i / hd) * 2 * hd + hd + i % hd]);
+                // the output is fp16: up to half an fp16 step (2^-11 relative) plus fp32 noise
+                e = fmax(e, fabs(__half2float(got[(size_t)t * qdim + i]) - r) / (fabs(r) + 1e-2));
+            }
+        }
+        report(e <= 1e-3 && scales_ok, name, e, 1e-3);
+        cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(dg); cudaFree(out.h); cudaFree(out.s);
+        free(fk); free(fv); free(hk); free(hv); free(q); free(gate); free(ref); free(att); free(got); free(gs);
+    }
+}
+
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
     if (getenv("QWEN_TEST_DATA")) DATA = getenv("QWEN_TEST_DATA");
@@ -1788,6 +1989,8 @@ int main(int argc, char **argv) {
     test_gpu_qkv_batch();
     test_gpu_small_kernels();
     test_gpu_deltanet();
+    test_gpu_matmul();
+    test_gpu_attention_prefill();
     test_models(1);
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;
