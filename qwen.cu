@@ -3954,15 +3954,45 @@ static void forward_gpu_batch(const Model *m, GpuState *s, const int *tokens, in
     }
 }
 
-// Logits of batch rows [r0, r0 + nr) of the last forward_gpu_batch into s->h_blogits (nr, n_vocab).
-static void batch_logits_gpu(const Model *m, GpuState *s, int r0, int nr) {
+// Logits of batch rows [r0, r0 + nr) of the last forward_gpu_batch, on the device in s->blogits.
+static void batch_output_gpu(const Model *m, GpuState *s, int r0, int nr) {
     const Config *c = &m->c;
     cudaStream_t st = s->stream;
     if (nr < 1 || nr > s->n_logit_rows) die("prefill: %d logit rows for room of %d", nr, s->n_logit_rows);
     PROF("rmsnorm", 0, rmsnorm_rows(&s->bxh, s->bx + (size_t)r0 * c->n_embd, DEV(m->w.output_norm), nr, c->n_embd, c->eps, st));
     PROF("output", m->w.output.nbytes, matmul(&m->w.output, &s->bxh, nr, s->blogits, c->n_vocab, DEV(m->w.output_bias), 0, s));
-    CUDA_CHECK(cudaMemcpyAsync(s->h_blogits, s->blogits, (size_t)nr * c->n_vocab * 4, cudaMemcpyDeviceToHost, st));
-    CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+// ... and copied to s->h_blogits (nr, n_vocab).
+static void batch_logits_gpu(const Model *m, GpuState *s, int r0, int nr) {
+    batch_output_gpu(m, s, r0, nr);
+    CUDA_CHECK(cudaMemcpyAsync(s->h_blogits, s->blogits, (size_t)nr * m->c.n_vocab * 4, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+}
+
+// nll[r] = -log softmax(logits[r])[target[r]] = log sum_i exp(l_i - max) + max - l_target, one block
+// per row: perplexity needs only these, not the rows themselves. C twin: log_softmax in ppl_score.
+__global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *target /* (nr) */, float *nll, int V) {
+    const float *l = logits + (size_t)blockIdx.x * V;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
+    mx = block_max(mx);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) sum += __expf(l[i] - mx);
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) nll[blockIdx.x] = logf(sum) + mx - l[target[blockIdx.x]];
+}
+
+// Negative log-likelihoods of batch rows [r0, r0 + nr) for the given next tokens into nll (host).
+static void batch_nll_gpu(const Model *m, GpuState *s, int r0, int nr, const int *targets, float *nll) {
+    batch_output_gpu(m, s, r0, nr);
+    int *dt = (int *)s->bpart; // the split-product scratch is free between products
+    float *dn = s->bpart + nr;
+    CUDA_CHECK(cudaMemcpyAsync(dt, targets, nr * 4u, cudaMemcpyHostToDevice, s->stream));
+    row_nll_kernel<<<nr, 1024, 0, s->stream>>>(s->blogits, dt, dn, m->c.n_vocab);
+    KERNEL_CHECK();
+    CUDA_CHECK(cudaMemcpyAsync(nll, dn, nr * 4u, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -4601,6 +4631,38 @@ static void mean_err(double sum, double sum2, int n, double *mean, double *err) 
 // Evaluate tokens[0 .. n_chunk*n_ctx) chunk by chunk; with out_base also write the records of a base
 // file (its header first: kld_base_write_header), with in_base score against it. `e` must have room
 // for n_ctx positions.
+// Feed tokens[0..n) from position 0 like engine_eval and return in nll[i - first], for every i >= first,
+// -log p(targets[i] | tokens[0..i]). On the GPU with batches only these numbers leave the device.
+typedef struct { const int *targets; double *nll; int first; int V; double *lp; } NllCtx;
+static void nll_row(void *ctx, int i, const float *logits) {
+    NllCtx *c = (NllCtx *)ctx;
+    log_softmax(logits, c->V, c->lp);
+    c->nll[i - c->first] = -c->lp[c->targets[i]];
+}
+static void engine_nll(Engine *e, const int *tokens, const int *targets, int n, int first, double *nll) {
+    GpuState *s = &e->gpu;
+    const Config *c = &e->m->c;
+    if (!e->use_gpu || !s->n_batch || n == 1) {
+        NllCtx ctx = {targets, nll, first, c->n_vocab, (double *)xmalloc((size_t)c->n_vocab * sizeof(double))};
+        engine_eval(e, tokens, n, 0, first, nll_row, &ctx);
+        free(ctx.lp);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab || targets[i] < 0 || targets[i] >= c->n_vocab)
+            die("token id %d is outside the vocabulary (0..%d)", tokens[i], c->n_vocab - 1);
+    float part[LOGIT_ROWS];
+    for (int b0 = 0; b0 < n; b0 += s->n_batch) {
+        int T = n - b0 < s->n_batch ? n - b0 : s->n_batch;
+        forward_gpu_batch(e->m, s, tokens + b0, T, b0);
+        for (int r = first > b0 ? first - b0 : 0; r < T; r += s->n_logit_rows) {
+            int nr = T - r < s->n_logit_rows ? T - r : s->n_logit_rows;
+            batch_nll_gpu(e->m, s, r, nr, targets + b0 + r, part);
+            for (int k = 0; k < nr; k++) nll[b0 + r + k - first] = part[k];
+        }
+    }
+}
+
 // Running sums of a perplexity / KL-divergence pass; ppl_score adds one scored position.
 typedef struct {
     int V, c, first, per_chunk;
@@ -4666,11 +4728,21 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
     a.klds = (double *)xmalloc((size_t)n_chunk * a.per_chunk * sizeof(double));
     a.out_base = out_base;
     a.in_base = in_base;
+    double *nll_chunk = (double *)xmalloc((size_t)a.per_chunk * sizeof(double));
     double t0 = now_sec();
     for (int c = 0; c < n_chunk; c++) {
         a.c = c;
         a.tk = tokens + (size_t)c * n_ctx;
-        engine_eval(e, a.tk, n_ctx - 1, 0, a.first, ppl_score, &a); // position 0 starts from an empty state
+        if (out_base || in_base) {
+            engine_eval(e, a.tk, n_ctx - 1, 0, a.first, ppl_score, &a); // position 0 starts from an empty state
+        } else { // plain perplexity: only the scored tokens' log-probabilities leave the GPU
+            engine_nll(e, a.tk, a.tk + 1, n_ctx - 1, a.first, nll_chunk);
+            for (int j = 0; j < a.per_chunk; j++) {
+                a.nll += nll_chunk[j];
+                a.nll2 += nll_chunk[j] * nll_chunk[j];
+                a.n++;
+            }
+        }
         if (verbose) {
             fprintf(stderr, "[%d]%.4f%s", c + 1, exp(a.nll / a.n), c + 1 < n_chunk ? "," : "\n");
             fflush(stderr);
@@ -4708,7 +4780,7 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
         r.dp_mean = dp / n;
         r.dp_rms = sqrt(dp2 / n);
     }
-    free(a.rec); free(a.lp); free(a.lpb); free(klds);
+    free(a.rec); free(a.lp); free(a.lpb); free(klds); free(nll_chunk);
     return r;
 }
 

@@ -1205,6 +1205,36 @@ static void test_perplexity(void) {
         unlink(tpath);
         free(whole);
     }
+    // on the GPU: batched prompts, only the NLLs coming back (one batch, and batches of 100 rows)
+    for (int bi = 0; bi < 2; bi++) {
+        int nb = bi ? 100 : 512;
+        char nm[200], nm2[200];
+        snprintf(nm, sizeof nm, "perplexity on the GPU (-b %d): PPL of tiny-qwen3 f32 vs the exact logits' PPL: rel. diff", nb);
+        snprintf(nm2, sizeof nm2, "kl-divergence on the GPU (-b %d): q4_0 against the f32 base vs KL from the exact logits: |d|", nb);
+        if (!HAVE_GPU) { skip(nm, "no GPU"); skip(nm2, "no GPU"); continue; }
+        g_n_batch = nb;
+        Engine gf, gq;
+        engine_init(&gf, &mf, 1, n_ctx);
+        engine_init(&gq, &mq, 1, n_ctx);
+        g_n_batch = 512;
+        PplResult gp = perplexity(&gf, seq->ids, 1, n_ctx, NULL, NULL, 0);
+        report(fabs(gp.ppl - ppl_ref) / ppl_ref <= 1e-4, nm, fabs(gp.ppl - ppl_ref) / ppl_ref, 1e-4);
+        FILE *gfile = fopen(base, "wb");
+        kld_base_write_header(gfile, n_ctx, V, 1, seq->ids);
+        perplexity(&gf, seq->ids, 1, n_ctx, gfile, NULL, 0);
+        fclose(gfile);
+        KldBase gb;
+        char gerr[600];
+        if (kld_base_read(&gb, base, V, gerr, sizeof gerr) == 0) {
+            PplResult q = perplexity(&gq, seq->ids, 1, n_ctx, NULL, &gb, 0);
+            double d = fabs(q.kld_mean - kl_ref);
+            report(d <= 1e-3 * fmax(1.0, kl_ref), nm2, d, 1e-3 * fmax(1.0, kl_ref));
+            free(gb.data);
+        } else {
+            check(0, nm2);
+        }
+        engine_free(&gf); engine_free(&gq);
+    }
     unlink(base);
     free(ref); free(refq); free(lp); free(lq);
     engine_free(&ef); engine_free(&eq);
