@@ -2616,6 +2616,7 @@ __host__ __device__ static float row_scale(float amax) {
 
 typedef struct { uint4 q, e, f, g; } WRaw; // q: quants (F16: all four are values), e: scales
 
+
 template <int TYPE> __device__ WRaw w_load(const uint8_t *W, int row, int u, int n_in, size_t NB);
 template <int TYPE> __device__ void w_decode(const WRaw &r, __half *out);
 
@@ -2773,7 +2774,7 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
         if (t < T && u < n_units) {
             const uint4 *src = (const uint4 *)(x.h + (size_t)t * x.ld + 32 * u);
 #pragma unroll
-            for (int i = 0; i < 4; i++) xr[i] = src[i];
+            for (int i = 0; i < 4; i++) xr[i] = __ldg(src + i);
         } else {
 #pragma unroll
             for (int i = 0; i < 4; i++) xr[i] = make_uint4(0, 0, 0, 0);
