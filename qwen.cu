@@ -16,8 +16,10 @@
 //   5. CPU forward .......... the plain-C twin of the whole model (fp32 math, fp32 KV cache)
 //   6. GPU kernels .......... mat-vec per tensor type (generic, and dp4a on 16-bit activations for
 //                             the four types that carry the bytes), norms, RoPE, attention, DeltaNet
+//   6b. prefill kernels ..... a prompt batch through a layer at once: WMMA products decoding the
+//                             weights on the fly, batched causal attention, DeltaNet over the batch
 //   7. GPU forward .......... VRAM budget, device memory, weight upload, the per-token layer loop
-//                             replayed as a CUDA graph
+//                             replayed as a CUDA graph, and the batched prompt pass
 //   8. tokenizer & sampler .. tokenizer.c (byte-level BPE); greedy, temperature, top-k, top-p, min-p
 //   9. generation & CLI ..... llama.cpp's flag names, chat, timing lines, logits dump, --bench
 //
@@ -26,7 +28,8 @@
 //     Quantization blocks run along a row.
 //   * The residual stream and every accumulation are fp32. The V100 has no bf16 and real Qwen
 //     activations have outliers that fp16 sums cannot hold. The KV cache is fp16; the inputs of the
-//     fast mat-vecs are 16-bit integers with an fp32 scale per 32 values (section 6).
+//     fast mat-vecs are 16-bit integers with an fp32 scale per 32 values (section 6); the inputs of
+//     the prefill's tensor-core products are fp16 rows with a power-of-two scale per row (6b).
 //   * Shapes in comments are written (outer, ..., inner), the innermost index contiguous.
 
 #include <ctype.h>
@@ -3178,7 +3181,9 @@ __global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */, co
 // All device memory is allocated once, before the first token: the weights in one allocation walked
 // by a pointer, the run state in another. Nothing is allocated in the token loop. The per-token work
 // (about 9 launches per layer) is captured once as a CUDA graph and replayed for every token; the
-// position lives in device memory so the same graph serves every position.
+// position lives in device memory so the same graph serves every position. A prompt goes through
+// forward_gpu_batch instead (end of this section): the same layers on up to -b rows at once, with
+// the kernels of section 6b, into the same KV cache and DeltaNet states.
 
 typedef struct {
     int n_ctx, n_split;    // attention splits: ceil(n_ctx / att_chunk(head_dim))
