@@ -2735,32 +2735,23 @@ __global__ void dequant_f16_kernel(const uint8_t *W, size_t row_stride, __half *
 
 // --- the product -----------------------------------------------------------------------------------
 // y[t, n] = s[t] * sum_k X[t, k] W[n, k] (+ bias[n]) (+ y[t, n] when accumulate), for t < T, n < n_out.
-// A block computes a tile of TT tokens x MM_TN weight rows, walking k KU 32-weight units at a time:
-// each step stages the tile's X (fp16 rows) and W (decoded here, one unit per thread) in shared
-// memory, and its 8 warps multiply them with WMMA, each warp owning 64 tokens x (MM_TN / WN) rows
-// of 16x16 fp32 accumulator fragments. The next step's bytes are loaded into registers before the
-// tensor cores work on the current step, and decoded and stored to the other half of a double
-// buffer after: one barrier per step. Two tile shapes (template BIG):
-//   BIG = 0: 128 tokens, k step 64 (2 units: the two threads of a row read one 32-byte sector of the
-//            planes), warps 2 x 4, warp tile 64 x 32; 72 KB of shared memory
-//   BIG = 1: 256 tokens, k step 32, warps 4 x 2, warp tile 64 x 64 (fewer fragment loads per MMA,
-//            each weight decoded for twice the tokens); 60 KB
-// Blocks that share a weight tile are neighbours in the grid (x = token tile), so the weights come
-// from DRAM about once. A short grid (few rows, e.g. DeltaNet's beta and alpha) splits k over
-// blockIdx.z: each slice writes its partial sums to part (z, T, n_out) and matmul_reduce_kernel adds
-// them up in order (deterministic). C twin: matmul_c.
+// A block computes a tile of MM_TT tokens x MM_TN weight rows, walking k 64 at a time (two 32-weight
+// units): each step stages the tile's X (fp16 rows) and W (decoded here, one unit per thread, so the
+// two threads of a row read one contiguous 32-byte sector of the planes) in shared memory, and its 8
+// warps multiply them with WMMA, each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16
+// fp32 accumulators). The next step's bytes are loaded into registers before the tensor cores work
+// on the current step and are decoded and stored to the other half of a double buffer after: one
+// barrier per step. Blocks that share a weight tile are neighbours in the grid (x = token tile), so
+// the weights come from DRAM about once. A short grid (few rows, e.g. DeltaNet's beta and alpha)
+// splits k over blockIdx.z: each slice writes its partial sums to part (z, T, n_out) and
+// matmul_reduce_kernel adds them up in order (deterministic). C twin: matmul_c.
+#define MM_TT 128      // tokens per tile
 #define MM_TN 128      // weight rows per tile
+#define MM_LD 72       // shared-memory row stride in halves: 64 + 8 keeps rows 16-byte aligned and
+                       // spreads the fragment loads over the banks
 #define MM_THREADS 256
-template <int BIG> struct MMShape {
-    static constexpr int TT = BIG ? 256 : 128;  // tokens per tile
-    static constexpr int KU = BIG ? 1 : 2;      // 32-weight units per k step
-    static constexpr int LD = 32 * KU + 8;      // shared row stride in halves: +8 keeps rows 16-byte
-                                                // aligned and spreads fragment loads over the banks
-    static constexpr int WT = BIG ? 4 : 2;      // warps along the tokens (x WN along the rows = 8)
-    static constexpr int FJ = MM_TN / (8 / WT) / 16; // 16-row fragments per warp
-    static constexpr int SMEM = 2 * (TT + MM_TN) * LD * 2; // bytes, double-buffered
-};
-template <int TYPE, int BIG>
+#define MM_SMEM (2 * (MM_TT + MM_TN) * MM_LD * 2) // bytes: both tiles, double-buffered (72 KB)
+template <int TYPE>
 __global__ void __launch_bounds__(MM_THREADS)
 matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n_out, n_in)
               size_t NB,         // sub-blocks in the planes
@@ -2768,23 +2759,21 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
               float *y,          // (T, ldy) output, or with k split: part (gridDim.z, T, n_out)
               int ldy, const float *bias /* (n_out) or NULL */, int T, int n_in, int n_out, int accumulate) {
     using namespace nvcuda;
-    typedef MMShape<BIG> S;
-    const int TT = S::TT, KU = S::KU, LD = S::LD, FJ = S::FJ;
     extern __shared__ __align__(32) uint8_t mm_smem[];
-    __half *xs = (__half *)mm_smem, *ws = xs + 2 * TT * LD; // [2][TT * LD], [2][MM_TN * LD]
-    int t0 = blockIdx.x * TT, n0 = blockIdx.y * MM_TN;
+    __half *xs = (__half *)mm_smem, *ws = xs + 2 * MM_TT * MM_LD; // [2][MM_TT * MM_LD], [2][MM_TN * MM_LD]
+    int t0 = blockIdx.x * MM_TT, n0 = blockIdx.y * MM_TN;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    int wt = warp / (8 / S::WT), wn = warp % (8 / S::WT); // warp tile: tokens 64*wt.., rows 16*FJ*wn..
-    int lr = threadIdx.x / KU, lu = threadIdx.x % KU;     // loader: tile row lr, unit lu of the step
-    int n_units = n_in / 32, n_steps = (n_units + KU - 1) / KU;
-    int per = (n_steps + gridDim.z - 1) / gridDim.z;      // k split: steps [s0, s1) of this slice
+    int wt = warp / 4, wn = warp % 4;                   // warp tile: tokens 64*wt.., rows 32*wn..
+    int lr = threadIdx.x / 2, lu = threadIdx.x % 2;     // loader: tile row lr, unit lu of the step
+    int n_units = n_in / 32, n_steps = (n_units + 1) / 2;
+    int per = (n_steps + gridDim.z - 1) / gridDim.z;    // k split: steps [s0, s1) of this slice
     int s0 = blockIdx.z * per, s1 = min(n_steps, s0 + per);
     uint4 xr[4];
     WRaw wr;
-    int t = t0 + lr, n = n0 + lr, wrow = lr < MM_TN; // BIG: threads past MM_TN load no weights
-    // fetch: the bytes of unit KU*step + lu of token row t and weight row n into registers
+    int t = t0 + lr, n = n0 + lr;
+    // fetch: the bytes of unit 2*step + lu of token row t and weight row n into registers
     auto fetch = [&](int step) {
-        int u = KU * step + lu;
+        int u = 2 * step + lu;
         if (t < T && u < n_units) {
             const uint4 *src = (const uint4 *)(x.h + (size_t)t * x.ld + 32 * u);
 #pragma unroll
@@ -2793,17 +2782,16 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
 #pragma unroll
             for (int i = 0; i < 4; i++) xr[i] = make_uint4(0, 0, 0, 0);
         }
-        if (wrow && n < n_out && u < n_units) wr = w_load<TYPE>(W, n, u, n_in, NB);
+        if (n < n_out && u < n_units) wr = w_load<TYPE>(W, n, u, n_in, NB);
     };
     // stash: decode the weights and store both to shared-memory buffer buf (zeros past the edges)
     auto stash = [&](int step, int buf) {
-        uint4 *xd = (uint4 *)(xs + (buf * TT + lr) * LD + 32 * lu);
+        uint4 *xd = (uint4 *)(xs + (buf * MM_TT + lr) * MM_LD + 32 * lu);
+        uint4 *wd = (uint4 *)(ws + (buf * MM_TN + lr) * MM_LD + 32 * lu);
 #pragma unroll
         for (int i = 0; i < 4; i++) xd[i] = xr[i];
-        if (!wrow) return;
-        uint4 *wd = (uint4 *)(ws + (buf * MM_TN + lr) * LD + 32 * lu);
         __align__(16) __half w32[32];
-        if (n < n_out && KU * step + lu < n_units) {
+        if (n < n_out && 2 * step + lu < n_units) {
             w_decode<TYPE>(wr, w32);
 #pragma unroll
             for (int i = 0; i < 4; i++) wd[i] = ((uint4 *)w32)[i];
@@ -2812,11 +2800,11 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
             for (int i = 0; i < 4; i++) wd[i] = make_uint4(0, 0, 0, 0);
         }
     };
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][FJ];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int j = 0; j < FJ; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
     if (s0 < s1) {
         fetch(s0);
         stash(s0, 0);
@@ -2825,18 +2813,18 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
     for (int step = s0; step < s1; step++) {
         int cur = (step - s0) % 2;
         if (step + 1 < s1) fetch(step + 1);
-        const __half *xc = xs + cur * TT * LD, *wc = ws + cur * MM_TN * LD;
+        const __half *xc = xs + cur * MM_TT * MM_LD, *wc = ws + cur * MM_TN * MM_LD;
 #pragma unroll
-        for (int kk = 0; kk < 32 * KU; kk += 16) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[FJ];
+        for (int kk = 0; kk < 64; kk += 16) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[2];
 #pragma unroll
-            for (int j = 0; j < FJ; j++) wmma::load_matrix_sync(b[j], wc + (16 * FJ * wn + 16 * j) * LD + kk, LD);
+            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], wc + (32 * wn + 16 * j) * MM_LD + kk, MM_LD);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                wmma::load_matrix_sync(a, xc + (64 * wt + 16 * i) * LD + kk, LD);
+                wmma::load_matrix_sync(a, xc + (64 * wt + 16 * i) * MM_LD + kk, MM_LD);
 #pragma unroll
-                for (int j = 0; j < FJ; j++) wmma::mma_sync(acc[i][j], a, b[j], acc[i][j]);
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a, b[j], acc[i][j]);
             }
         }
         if (step + 1 < s1) stash(step + 1, 1 - cur);
@@ -2851,11 +2839,11 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int j = 0; j < FJ; j++) {
+        for (int j = 0; j < 2; j++) {
             wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
             __syncwarp();
             for (int e = lane; e < 256; e += WARP) {
-                int tt = t0 + 64 * wt + 16 * i + e / 16, nn = n0 + 16 * FJ * wn + 16 * j + e % 16;
+                int tt = t0 + 64 * wt + 16 * i + e / 16, nn = n0 + 32 * wn + 16 * j + e % 16;
                 if (tt < T && nn < n_out) {
                     float v = patch[e] * x.s[tt];
                     float *dst = dst0 + (size_t)tt * ld + nn;
@@ -3812,34 +3800,27 @@ static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
 
 // The tensor-core product of weights w (planes of a fast type, or fp16 rows), splitting k when the
 // tile grid alone would leave SMs idle and s->bpart has room for the partial sums.
-static int g_mm_big = 0; // experiment: the 256-token tile for products of at least 256 rows (QWEN_MM_BIG=1)
 static void matmul_tc(int type, const uint8_t *w, size_t NB, const ActH *x, int T, float *y, int ldy, const float *bias,
                       int n_in, int n_out, int accumulate, GpuState *s) {
     static int n_sm = 0;
-    if (!n_sm) { // once: the SM count, and the shared memory the kernels need (over 48 KB: opt in)
+    if (!n_sm) { // once: the SM count, and the 72 KB of shared memory the kernels need (over 48 KB: opt in)
         int dev;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-#define OPT_IN(TY) \
-        CUDA_CHECK(cudaFuncSetAttribute(matmul_kernel<TY, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, MMShape<0>::SMEM)); \
-        CUDA_CHECK(cudaFuncSetAttribute(matmul_kernel<TY, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, MMShape<1>::SMEM))
+#define OPT_IN(TY) CUDA_CHECK(cudaFuncSetAttribute(matmul_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM))
         OPT_IN(GGML_TYPE_F16); OPT_IN(GGML_TYPE_Q4_0); OPT_IN(GGML_TYPE_IQ4_XS); OPT_IN(GGML_TYPE_Q5_K); OPT_IN(GGML_TYPE_Q6_K);
 #undef OPT_IN
     }
     cudaStream_t st = s->stream;
-    int big = g_mm_big && T >= 256, tt_ = big ? MMShape<1>::TT : MMShape<0>::TT, ku = big ? 1 : 2;
-    unsigned tt = (unsigned)((T + tt_ - 1) / tt_), tn = (unsigned)((n_out + MM_TN - 1) / MM_TN);
-    int n_steps = (n_in / 32 + ku - 1) / ku, ks = 1;
+    unsigned tt = (unsigned)((T + MM_TT - 1) / MM_TT), tn = (unsigned)((n_out + MM_TN - 1) / MM_TN);
+    int n_steps = (n_in / 32 + 1) / 2, ks = 1;
     while (s->bpart && tt * tn * ks < 2u * n_sm && ks < 16 && n_steps / (2 * ks) >= 4 &&
            (size_t)2 * ks * T * n_out <= s->part_elems)
         ks *= 2;
     dim3 grid(tt, tn, ks);
     float *out = ks > 1 ? s->bpart : y;
     switch (type) {
-#define MM(TY) case TY: \
-        if (big) matmul_kernel<TY, 1><<<grid, MM_THREADS, MMShape<1>::SMEM, st>>>(w, NB, *x, out, ldy, bias, T, n_in, n_out, accumulate); \
-        else matmul_kernel<TY, 0><<<grid, MM_THREADS, MMShape<0>::SMEM, st>>>(w, NB, *x, out, ldy, bias, T, n_in, n_out, accumulate); \
-        break
+#define MM(TY) case TY: matmul_kernel<TY><<<grid, MM_THREADS, MM_SMEM, st>>>(w, NB, *x, out, ldy, bias, T, n_in, n_out, accumulate); break
     MM(GGML_TYPE_F16); MM(GGML_TYPE_Q4_0); MM(GGML_TYPE_IQ4_XS); MM(GGML_TYPE_Q5_K); MM(GGML_TYPE_Q6_K);
 #undef MM
     default: die("matmul_tc: type %s", type_name(type));
@@ -4939,7 +4920,6 @@ int main(int argc, char **argv) {
     if (n_ctx <= 0) die("-c %d: the context length must be positive", n_ctx);
     if (n_batch <= 0) die("-b %d: the batch size must be positive", n_batch);
     g_n_batch = n_batch;
-    if (getenv("QWEN_MM_BIG")) g_mm_big = atoi(getenv("QWEN_MM_BIG"));
     if (n_predict < 0) die("-n %d: must be >= 0", n_predict);
     if (top_p <= 0.0f || top_p > 1.0f) die("--top-p %g: must be in (0, 1]", top_p);
     if (seed < 0) seed = (long long)time(NULL);

@@ -1859,15 +1859,13 @@ static void test_gpu_matmul(void) {
     // (T rows, n_in in blocks, n_out): one row, edges of the 128 x 128 tiles, several tiles each way,
     // long rows with few outputs (k split over blocks)
     const int shapes[][3] = {{1, 1, 1}, {5, 3, 37}, {130, 2, 129}, {200, 5, 300}, {7, 48, 40}, {300, 3, 150}};
-    for (int big = 0; big < 2; big++)
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        g_mm_big = big; // the 256-token tile for products of 256 rows or more
         int type = types[ti];
         char name[160], name2[160];
-        snprintf(name, sizeof name, "gpu prefill product %s%s vs matmul_c (6 shapes, bias, accumulate, k split): |d|/sum|wx|",
-                 type_name(type), big ? " (256-token tile)" : "");
-        snprintf(name2, sizeof name2, "gpu prefill product %s%s vs fp32 operands%s: |d|/sum|wx|", type_name(type),
-                 big ? " (256-token tile)" : "", is_float_weight(type) ? "" : " (fp16 rounding)");
+        snprintf(name, sizeof name, "gpu prefill product %s vs matmul_c (6 shapes, bias, accumulate, k split): |d|/sum|wx|",
+                 type_name(type));
+        snprintf(name2, sizeof name2, "gpu prefill product %s vs fp32 operands%s: |d|/sum|wx|", type_name(type),
+                 is_float_weight(type) ? "" : " (fp16 rounding)");
         if (!HAVE_GPU) { skip(name, "no GPU"); skip(name2, "no GPU"); continue; }
         double worst = 0, worst_exact = 0;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -1929,7 +1927,6 @@ static void test_gpu_matmul(void) {
         double tol2 = is_float_weight(type) ? 1e-5 : 2e-3; // float weights: fp32 all the way
         report(worst_exact <= tol2, name2, worst_exact, tol2);
     }
-    g_mm_big = getenv("QWEN_MM_BIG") ? atoi(getenv("QWEN_MM_BIG")) : 0; // what the end-to-end checks use
 }
 
 // Causal attention over a batch: every row t against attention_c at position pos0 + t
@@ -1994,7 +1991,6 @@ int main(int argc, char **argv) {
     if (getenv("QWEN_TEST_DATA")) DATA = getenv("QWEN_TEST_DATA");
     if (getenv("QWEN_BIN")) QWEN = getenv("QWEN_BIN");
     SUBSET = getenv("QWEN_TEST_SUBSET") && atoi(getenv("QWEN_TEST_SUBSET"));
-    g_mm_big = getenv("QWEN_MM_BIG") ? atoi(getenv("QWEN_MM_BIG")) : 0;
     g_verbose = 0;
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     int gpu = HAVE_GPU = gpu_available();
