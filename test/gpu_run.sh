@@ -12,4 +12,4 @@ if [ -n "$san" ]; then
     compute-sanitizer --tool memcheck ./qwen -m "$san" -p "Hello world, this is a test" -n 8 --temp 0 2>&1 | tail -1
     compute-sanitizer --tool racecheck ./qwen -m "$san" -p "Hello" -n 3 --temp 0 2>&1 | tail -1
 fi
-test/gpu_bench.sh $out "$models" ./qwen ./qwen-sm70 2>&1 | grep -E "^==|^ +[0-9]+ +[0-9.]+ GB|copy band"
+test/gpu_bench.sh $out "$models" ./qwen ./qwen-sm70 2>&1 | grep -E "^==|^ +[0-9]+ +[0-9.]+ GB|copy band|pp512"
