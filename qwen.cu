@@ -3258,6 +3258,15 @@ static int g_n_batch = 512;
 // not a multiple of 32 (the product's tiles walk whole 32-weight units); fp32 rows when a product has
 // float weights; an fp16 scratch for quantized weights without planes, one slice of rows at a time.
 #define WSCRATCH_MAX (16u << 20) // halves
+// The weights that multiply activations in the layers (12 slots; those a model lacks have no name),
+// in one list for the prefill plan and the FLOP count of --bench.
+#define N_LAYER_PRODUCTS 12
+static void layer_products(const LayerWeights *L, const Tensor *out[N_LAYER_PRODUCTS]) {
+    const Tensor *lt[N_LAYER_PRODUCTS] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wqkv, &L->wz, &L->w_beta, &L->w_alpha,
+                                          &L->ssm_out, &L->w_gate, &L->w_up, &L->w_down};
+    memcpy(out, lt, sizeof lt);
+}
+
 static void prefill_plan(GpuState *s, Model *m) {
     const Config *c = &m->c;
     s->n_batch = g_n_batch > 1 ? g_n_batch : 0;
@@ -3265,14 +3274,13 @@ static void prefill_plan(GpuState *s, Model *m) {
     if (c->n_embd % 32 || c->n_head * c->head_dim % 32 || c->n_ff % 32 || c->ssm_inner % 32) s->n_batch = 0;
     s->wscratch_elems = 0;
     s->f32_rows = 0;
-    Weights *w = &m->w;
-    for (int l = -1; l < c->n_layer; l++) {
-        LayerWeights *L = &w->layers[l < 0 ? 0 : l];
-        Tensor *lt[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wqkv, &L->wz, &L->w_beta, &L->w_alpha,
-                        &L->ssm_out, &L->w_gate, &L->w_up, &L->w_down};
-        Tensor *out[] = {&w->output};
-        Tensor **list = l < 0 ? out : lt;
-        int n = l < 0 ? 1 : (int)(sizeof lt / sizeof lt[0]);
+    for (int l = 0; l <= c->n_layer; l++) { // the layers' products, then the output matrix
+        const Tensor *list[N_LAYER_PRODUCTS] = {&m->w.output};
+        int n = 1;
+        if (l < c->n_layer) {
+            layer_products(&m->w.layers[l], list);
+            n = N_LAYER_PRODUCTS;
+        }
         for (int i = 0; i < n; i++) {
             const Tensor *t = list[i];
             if (!t->name || is_fast_type(t->type)) continue;
@@ -4373,10 +4381,9 @@ static void run_bench(Model *m, int n_ctx) {
         for (int i = 0; i < P; i++) toks[i] = (int)(rng_u32(&r) % (uint32_t)m->c.n_vocab);
         double layer_weights = 0; // weights every prompt row multiplies (the output matrix: one row only)
         for (int l = 0; l < m->c.n_layer; l++) {
-            const LayerWeights *L = &m->w.layers[l];
-            const Tensor *lt[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wqkv, &L->wz, &L->w_beta, &L->w_alpha,
-                                  &L->ssm_out, &L->w_gate, &L->w_up, &L->w_down};
-            for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++)
+            const Tensor *lt[N_LAYER_PRODUCTS];
+            layer_products(&m->w.layers[l], lt);
+            for (int i = 0; i < N_LAYER_PRODUCTS; i++)
                 if (lt[i]->name) layer_weights += (double)lt[i]->n_in * lt[i]->n_out;
         }
         double best = 1e30;
