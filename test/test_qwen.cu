@@ -1986,6 +1986,151 @@ static void test_gpu_attention_prefill(void) {
     }
 }
 
+// The prefill's row kernels against their C twins: RMSNorm rows, SiLU * up rows, the DeltaNet conv
+// over a batch (and the conv state it leaves), the gated norm rows, and the per-row NLL.
+// fp16 rows are compared as values: |X*s - v| within half an fp16 step of v (plus fp32 noise).
+static double rows_err(const ActH *a, int T, int n, const float *ref /* (T, n) */) {
+    uint16_t *h = (uint16_t *)xmalloc((size_t)T * a->ld * 2);
+    float *s = (float *)xmalloc(T * 4), *f = a->f ? (float *)xmalloc((size_t)T * a->ld * 4) : NULL;
+    CUDA_CHECK(cudaMemcpy(h, a->h, (size_t)T * a->ld * 2, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(s, a->s, T * 4, cudaMemcpyDeviceToHost));
+    if (f) CUDA_CHECK(cudaMemcpy(f, a->f, (size_t)T * a->ld * 4, cudaMemcpyDeviceToHost));
+    double e = 0;
+    for (int t = 0; t < T; t++) {
+        float amax = 0;
+        for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(ref[(size_t)t * n + i]));
+        if (s[t] != row_scale(amax)) e = INFINITY; // a power of two: exact unless amax sits on a boundary
+        for (int i = 0; i < n; i++) {
+            double r = ref[(size_t)t * n + i], g = (double)fp16_to_f32(h[(size_t)t * a->ld + i]) * s[t];
+            double d = fabs(g - r) / (fabs(r) * (1.0 / 2048) + 1e-6 * amax); // in half-steps of fp16
+            if (!(d <= e)) e = isnan(d) ? INFINITY : d;
+            if (f) { // the fp32 copy: fp32 noise only
+                double d2 = fabs(f[(size_t)t * a->ld + i] - r) / (1e-5 * (fabs(r) + 1e-3 * amax));
+                if (!(d2 <= e)) e = isnan(d2) ? INFINITY : d2;
+            }
+        }
+    }
+    free(h); free(s); free(f);
+    return e;
+}
+static ActH rows_alloc(int T, int ld, int with_f) {
+    ActH a;
+    a.ld = ld;
+    CUDA_CHECK(cudaMalloc(&a.h, (size_t)T * ld * 2));
+    CUDA_CHECK(cudaMalloc(&a.s, T * 4));
+    a.f = NULL;
+    if (with_f) CUDA_CHECK(cudaMalloc(&a.f, (size_t)T * ld * 4));
+    return a;
+}
+static void rows_free(ActH *a) { cudaFree(a->h); cudaFree(a->s); cudaFree(a->f); }
+
+static void test_gpu_prefill_rows(void) {
+    const char *names[] = {"gpu rmsnorm_rows_kernel vs rmsnorm_c per row (fp16 rows in half-steps, fp32 copy)",
+                           "gpu silu_mul_rows_kernel vs silu_c * up per row (fp16 rows in half-steps)",
+                           "gpu gdn_conv_rows + gdn_conv_state (6 rows, then 2) vs gdn_conv_c per row: out, state",
+                           "gpu gdn_norm_gate_rows_kernel vs gated_rmsnorm_c per head (fp16 rows in half-steps)",
+                           "gpu row_nll_kernel vs log_softmax: |d nll|"};
+    if (!HAVE_GPU) {
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) skip(names[i], "no GPU");
+        return;
+    }
+    const int T = 3, n = 1024, ld = 1032;
+    float *x = (float *)xmalloc((size_t)T * n * 4), *u = (float *)xmalloc((size_t)T * n * 4);
+    float *w = (float *)xmalloc(n * 4), *ref = (float *)xmalloc((size_t)T * n * 4);
+    random_act(x, T * n);
+    random_act(u, T * n);
+    for (int i = 0; i < n; i++) w[i] = 1 + nrand() * 0.1f;
+    x[5] = 3e4f; // a row whose values would overflow fp16 without the row scale
+    {
+        for (int t = 0; t < T; t++) rmsnorm_c(ref + (size_t)t * n, x + (size_t)t * n, w, n, 1e-6f);
+        for (int i = 0; i < T * n; i++) ref[i] *= 100.0f; // and a large weight
+        float *w100 = (float *)xmalloc(n * 4);
+        for (int i = 0; i < n; i++) w100[i] = w[i] * 100.0f;
+        float *dx = (float *)dcopy(x, (size_t)T * n * 4), *dw = (float *)dcopy(w100, n * 4);
+        ActH a = rows_alloc(T, ld, 1);
+        rmsnorm_rows_kernel<<<T, ROW_THREADS>>>(a, dx, dw, n, 1e-6f);
+        KERNEL_CHECK();
+        double e = rows_err(&a, T, n, ref);
+        report(e <= 1.1, names[0], e, 1.1);
+        rows_free(&a); cudaFree(dx); cudaFree(dw); free(w100);
+    }
+    {
+        for (int i = 0; i < T * n; i++) ref[i] = silu_c(x[i]) * u[i];
+        float *dg = (float *)dcopy(x, (size_t)T * n * 4), *du = (float *)dcopy(u, (size_t)T * n * 4);
+        ActH a = rows_alloc(T, ld, 0);
+        silu_mul_rows_kernel<<<T, ROW_THREADS>>>(a, dg, du, n);
+        KERNEL_CHECK();
+        double e = rows_err(&a, T, n, ref);
+        report(e <= 1.1, names[1], e, 1.1);
+        rows_free(&a); cudaFree(dg); cudaFree(du);
+    }
+    {
+        const int cd = 96, R = 8; // 6 rows, then 2 more continuing from the state the first left
+        float *mx = (float *)xmalloc(R * cd * 4), *cw = (float *)xmalloc(cd * 4 * 4), cs[3 * cd], cs_ref[3 * cd];
+        float *yr = (float *)xmalloc(R * cd * 4), *yg = (float *)xmalloc(R * cd * 4);
+        for (int i = 0; i < R * cd; i++) mx[i] = nrand();
+        for (int i = 0; i < cd * 4; i++) cw[i] = nrand() * 0.5f;
+        for (int i = 0; i < 3 * cd; i++) cs[i] = cs_ref[i] = nrand();
+        for (int t = 0; t < R; t++) gdn_conv_c(yr + t * cd, mx + t * cd, cw, cs_ref, cd);
+        float *dm = (float *)dcopy(mx, R * cd * 4), *dwt = (float *)dcopy(cw, cd * 16), *dcs = (float *)dcopy(cs, sizeof cs);
+        float *dy;
+        CUDA_CHECK(cudaMalloc(&dy, R * cd * 4));
+        const int parts[2][2] = {{0, 6}, {6, 2}};
+        for (int p = 0; p < 2; p++) {
+            int r0 = parts[p][0], nr = parts[p][1];
+            gdn_conv_rows_kernel<<<(nr * cd + 127) / 128, 128>>>(dy + r0 * cd, dm + r0 * cd, dwt, dcs, cd, nr);
+            gdn_conv_state_kernel<<<1, 128>>>(dcs, dm + r0 * cd, cd, nr);
+        }
+        KERNEL_CHECK();
+        CUDA_CHECK(cudaMemcpy(yg, dy, R * cd * 4, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(cs, dcs, sizeof cs, cudaMemcpyDeviceToHost));
+        double e = 0;
+        for (int i = 0; i < R * cd; i++) e = fmax(e, fabs(yg[i] - yr[i]) / (fabs(yr[i]) + 1e-3));
+        for (int i = 0; i < 3 * cd; i++) e = fmax(e, cs[i] == cs_ref[i] ? 0.0 : INFINITY); // copies: exact
+        report(e <= 1e-5, names[2], e, 1e-5);
+        cudaFree(dm); cudaFree(dwt); cudaFree(dcs); cudaFree(dy);
+        free(mx); free(cw); free(yr); free(yg);
+    }
+    {
+        const int Hv = 4, S = 64, vd = Hv * S;
+        float *o = (float *)xmalloc(T * vd * 4), *z = (float *)xmalloc(T * vd * 4), nw[S];
+        for (int i = 0; i < T * vd; i++) { o[i] = nrand(); z[i] = nrand(); }
+        for (int i = 0; i < S; i++) nw[i] = 1 + nrand() * 0.1f;
+        memcpy(ref, o, T * vd * 4);
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < Hv; h++) gated_rmsnorm_c(ref + t * vd + h * S, z + t * vd + h * S, nw, S, 1e-6f);
+        float *dO = (float *)dcopy(o, T * vd * 4), *dz = (float *)dcopy(z, T * vd * 4), *dnw = (float *)dcopy(nw, sizeof nw);
+        ActH a = rows_alloc(T, vd, 1);
+        gdn_norm_gate_rows_kernel<<<T, S>>>(a, dO, dz, dnw, Hv, 1e-6f);
+        KERNEL_CHECK();
+        double e = rows_err(&a, T, vd, ref);
+        report(e <= 1.1, names[3], e, 1.1);
+        rows_free(&a); cudaFree(dO); cudaFree(dz); cudaFree(dnw);
+        free(o); free(z);
+    }
+    {
+        const int nr = 3, V = 1000;
+        float *lg = (float *)xmalloc(nr * V * 4), got[nr];
+        int tg[nr] = {0, 517, 999};
+        double *lp = (double *)xmalloc(V * sizeof(double)), e = 0;
+        for (int i = 0; i < nr * V; i++) lg[i] = nrand() * 4;
+        float *dl = (float *)dcopy(lg, nr * V * 4), *dn;
+        int *dt = (int *)dcopy(tg, sizeof tg);
+        CUDA_CHECK(cudaMalloc(&dn, nr * 4));
+        row_nll_kernel<<<nr, 1024>>>(dl, dt, dn, V);
+        KERNEL_CHECK();
+        CUDA_CHECK(cudaMemcpy(got, dn, sizeof got, cudaMemcpyDeviceToHost));
+        for (int r = 0; r < nr; r++) {
+            log_softmax(lg + r * V, V, lp);
+            e = fmax(e, fabs(got[r] + lp[tg[r]]));
+        }
+        report(e <= 1e-4, names[4], e, 1e-4);
+        cudaFree(dl); cudaFree(dt); cudaFree(dn);
+        free(lg); free(lp);
+    }
+    free(x); free(u); free(w); free(ref);
+}
+
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
     if (getenv("QWEN_TEST_DATA")) DATA = getenv("QWEN_TEST_DATA");
@@ -2021,6 +2166,7 @@ int main(int argc, char **argv) {
     test_gpu_deltanet();
     test_gpu_matmul();
     test_gpu_attention_prefill();
+    test_gpu_prefill_rows();
     test_models(1);
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;
