@@ -4187,19 +4187,46 @@ static float *engine_forward(Engine *e, int token, int pos) {
     return e->cpu.logits;
 }
 
+static void check_tokens(const Config *c, const int *tokens, int n, const char *what) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
+            die("%s id %d is outside the vocabulary (0..%d)", what, tokens[i], c->n_vocab - 1);
+}
+
+// The batched pass over a prompt on the GPU: tokens[0..n) from position pos in batches of up to -b
+// rows; after each batch, rows(e, ctx, i0, r, nr) for its rows r .. r+nr-1 (groups of at most
+// n_logit_rows) that hold prompt indices i0 .. i0+nr-1 >= first.
+typedef void (*RowsFn)(Engine *e, void *ctx, int i0, int r, int nr);
+static void gpu_prompt_batches(Engine *e, const int *tokens, int n, int pos, int first, RowsFn rows, void *ctx) {
+    GpuState *s = &e->gpu;
+    for (int b0 = 0; b0 < n; b0 += s->n_batch) {
+        int T = n - b0 < s->n_batch ? n - b0 : s->n_batch;
+        forward_gpu_batch(e->m, s, tokens + b0, T, pos + b0);
+        for (int r = first > b0 ? first - b0 : 0; r < T; r += s->n_logit_rows) {
+            int nr = T - r < s->n_logit_rows ? T - r : s->n_logit_rows;
+            rows(e, ctx, b0 + r, r, nr);
+        }
+    }
+}
+
 // Feed tokens[0..n) at positions pos, pos+1, ...: a prompt. The logits after each token i >= first
 // (first <= n - 1) are handed to each(ctx, i, logits) in order when `each` is given; the logits after
 // the last token are returned, valid until the next call. On the GPU the tokens go through the model
 // in batches of up to -b rows (section 6b), else one at a time.
 typedef void (*LogitsFn)(void *ctx, int i, const float *logits);
+typedef struct { LogitsFn each; void *ctx; float *last; } EvalRows;
+static void eval_rows(Engine *e, void *p, int i0, int r, int nr) {
+    EvalRows *v = (EvalRows *)p;
+    int V = e->m->c.n_vocab;
+    batch_logits_gpu(e->m, &e->gpu, r, nr);
+    for (int k = 0; k < nr; k++)
+        if (v->each) v->each(v->ctx, i0 + k, e->gpu.h_blogits + (size_t)k * V);
+    v->last = e->gpu.h_blogits + (size_t)(nr - 1) * V;
+}
 static float *engine_eval(Engine *e, const int *tokens, int n, int pos, int first, LogitsFn each, void *ctx) {
-    const Config *c = &e->m->c;
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
-            die("token id %d is outside the vocabulary (0..%d)", tokens[i], c->n_vocab - 1);
+    check_tokens(&e->m->c, tokens, n, "token");
     if (n < 1 || first > n - 1) die("engine_eval: %d tokens, logits from %d", n, first);
-    GpuState *s = &e->gpu;
-    if (!e->use_gpu || !s->n_batch || n == 1) {
+    if (!e->use_gpu || !e->gpu.n_batch || n == 1) {
         float *logits = NULL;
         for (int i = 0; i < n; i++) {
             logits = engine_forward(e, tokens[i], pos + i);
@@ -4207,20 +4234,9 @@ static float *engine_eval(Engine *e, const int *tokens, int n, int pos, int firs
         }
         return logits;
     }
-    float *last = NULL;
-    for (int b0 = 0; b0 < n; b0 += s->n_batch) {
-        int T = n - b0 < s->n_batch ? n - b0 : s->n_batch;
-        forward_gpu_batch(e->m, s, tokens + b0, T, pos + b0);
-        int r = first > b0 ? first - b0 : 0;
-        for (; r < T; r += s->n_logit_rows) {
-            int nr = T - r < s->n_logit_rows ? T - r : s->n_logit_rows;
-            batch_logits_gpu(e->m, s, r, nr);
-            for (int k = 0; k < nr; k++)
-                if (each) each(ctx, b0 + r + k, s->h_blogits + (size_t)k * c->n_vocab);
-            last = s->h_blogits + (size_t)(nr - 1) * c->n_vocab;
-        }
-    }
-    return last;
+    EvalRows v = {each, ctx, NULL};
+    gpu_prompt_batches(e, tokens, n, pos, first, eval_rows, &v);
+    return v.last;
 }
 
 // Bytes the GPU moves to produce one token at context length n_past: every uploaded weight once,
@@ -4657,28 +4673,24 @@ static void nll_row(void *ctx, int i, const float *logits) {
     log_softmax(logits, c->V, c->lp);
     c->nll[i - c->first] = -c->lp[c->targets[i]];
 }
+static void nll_rows(Engine *e, void *ctx, int i0, int r, int nr) {
+    NllCtx *c = (NllCtx *)ctx;
+    float part[LOGIT_ROWS];
+    batch_nll_gpu(e->m, &e->gpu, r, nr, c->targets + i0, part);
+    for (int k = 0; k < nr; k++) c->nll[i0 + k - c->first] = part[k];
+}
 static void engine_nll(Engine *e, const int *tokens, const int *targets, int n, int first, double *nll) {
-    GpuState *s = &e->gpu;
     const Config *c = &e->m->c;
-    if (!e->use_gpu || !s->n_batch || n == 1) {
-        NllCtx ctx = {targets, nll, first, c->n_vocab, (double *)xmalloc((size_t)c->n_vocab * sizeof(double))};
+    check_tokens(c, targets, n, "target token");
+    NllCtx ctx = {targets, nll, first, c->n_vocab, NULL};
+    if (!e->use_gpu || !e->gpu.n_batch || n == 1) {
+        ctx.lp = (double *)xmalloc((size_t)c->n_vocab * sizeof(double));
         engine_eval(e, tokens, n, 0, first, nll_row, &ctx);
         free(ctx.lp);
         return;
     }
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->n_vocab || targets[i] < 0 || targets[i] >= c->n_vocab)
-            die("token id %d is outside the vocabulary (0..%d)", tokens[i], c->n_vocab - 1);
-    float part[LOGIT_ROWS];
-    for (int b0 = 0; b0 < n; b0 += s->n_batch) {
-        int T = n - b0 < s->n_batch ? n - b0 : s->n_batch;
-        forward_gpu_batch(e->m, s, tokens + b0, T, b0);
-        for (int r = first > b0 ? first - b0 : 0; r < T; r += s->n_logit_rows) {
-            int nr = T - r < s->n_logit_rows ? T - r : s->n_logit_rows;
-            batch_nll_gpu(e->m, s, r, nr, targets + b0 + r, part);
-            for (int k = 0; k < nr; k++) nll[b0 + r + k - first] = part[k];
-        }
-    }
+    check_tokens(c, tokens, n, "token");
+    gpu_prompt_batches(e, tokens, n, 0, first, nll_rows, &ctx);
 }
 
 // Running sums of a perplexity / KL-divergence pass; ppl_score adds one scored position.
