@@ -3879,8 +3879,6 @@ static void matmul(const Tensor *W, const ActH *x, int T, float *y, int ldy, con
 #define CASE(TY) case TY: dequant_f16_kernel<TY><<<blocks, 128, 0, st>>>(w, stride, s->wscratch, r0, nr, n_in); break
         CASE(GGML_TYPE_Q4_1); CASE(GGML_TYPE_Q5_0); CASE(GGML_TYPE_Q5_1);
         CASE(GGML_TYPE_Q8_0); CASE(GGML_TYPE_IQ4_NL); CASE(GGML_TYPE_Q4_K);
-        // the fast types always have planes; listed so that every type has a path
-        CASE(GGML_TYPE_Q4_0); CASE(GGML_TYPE_IQ4_XS); CASE(GGML_TYPE_Q5_K); CASE(GGML_TYPE_Q6_K);
 #undef CASE
         default: die("prefill: no GPU path for type %s (tensor '%s')", type_name(W->type), W->name);
         }
