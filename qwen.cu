@@ -1665,12 +1665,27 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 //
 //   every type  qs plane (NB x 16 B): byte j = value of element j (low nibble) | element j+16 (high)
 //   Q4_0        d plane  (NB x fp16)
-//   IQ4_XS      hdr plane (NB/8 x 8 B):  d, scales_h, scales_l[4] of the super-block
+//   IQ4_XS      qs plane instead: word k holds 4-bit codes (iq4_code), lowest bits first, of elements
+//               4k..4k+3 then 16+4k..16+4k+3 (the order iq4_lookup8 decodes them in);
+//               hdr plane (NB/8 x 8 B):  d, scales_h, scales_l[4] of the super-block
 //   Q5_K        qh plane (NB x 4 B): bit e = 5th bit of element e;  hdr plane (NB/8 x 16 B): d, dmin, scales[12]
 //   Q6_K        qh plane (NB x 8 B): word w (w = 0: elements 0..15, 1: 16..31), byte b, bits 2m..2m+1 =
 //               high 2 bits of element 16w + 4m + b;  sc plane (NB/8 x 16 int8);  d plane (NB/8 x fp16)
 //
 // repack_c is the C twin (used by the tests to check repack_kernel and nothing else).
+
+// IQ4_XS's 16 values, split into two tables of 8 so that a code's 3 low bits index a table and its
+// 4th bit picks one: A = kvalues[0..3, 8..11], B = kvalues[4..7, 12..15]. A[j] and B[j] have the
+// same sign, so X[j] = A[j] ^ B[j] has a clear top bit (what iq4_lookup8 needs). Bytes, low first:
+#define IQ4_A0 0xbfad9881 // A[0..3] = -127 -104 -83 -65
+#define IQ4_A1 0x26190d01 // A[4..7] =    1   13  25  38
+#define IQ4_X0 0x4947454e // A[0..3] ^ B[0..3], B = -49 -35 -22 -10
+#define IQ4_X1 0x57404834 // A[4..7] ^ B[4..7], B =  53  69  89 113
+// code of kvalues index idx (0..15): j = position in its table, bit 3 set for table A
+__host__ __device__ static inline int iq4_code(int idx) {
+    int j = (idx & 3) | ((idx >> 3) << 2), in_b = (idx >> 2) & 1;
+    return j | ((1 - in_b) << 3);
+}
 
 static int is_fast_type(int t) {
     return t == GGML_TYPE_Q4_0 || t == GGML_TYPE_IQ4_XS || t == GGML_TYPE_Q5_K || t == GGML_TYPE_Q6_K;
@@ -1693,7 +1708,15 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src, uint8
         memcpy(dst + 16 * NB + 2 * blk, &b->d, 2);
     } else if (type == GGML_TYPE_IQ4_XS) {
         const block_iq4_xs *b = (const block_iq4_xs *)src;
-        memcpy(dst + 16 * 8 * blk, b->qs, 128);
+        for (int sub = 0; sub < 8; sub++) {
+            uint8_t *q = dst + 16 * (8 * blk + sub);
+            memset(q, 0, 16);
+            for (int e = 0; e < 32; e++) {
+                int idx = (b->qs[16 * sub + e % 16] >> (4 * (e / 16))) & 0xf;
+                int i = e % 16, p = i % 4;
+                q[4 * (i / 4) + 2 * (e / 16) + p / 2] |= (uint8_t)(iq4_code(idx) << (4 * (p % 2)));
+            }
+        }
         memcpy(dst + 16 * NB + 8 * blk, &b->d, 2);
         memcpy(dst + 16 * NB + 8 * blk + 2, &b->scales_h, 2);
         memcpy(dst + 16 * NB + 8 * blk + 4, b->scales_l, 4);
@@ -1745,8 +1768,8 @@ __global__ void repack_kernel(int type, int type_size, const uint8_t *src /* (n_
 }
 
 // --- fast mat-vec: one 32-weight sub-block against one 16-bit activation block -------------------
-// sub_dot<TYPE>(W, g, NB, x) = sum_{e<32} w[e] * x^[e] for sub-block g of the weights, where
-// x^ = s * X is the quantized activation block. The weights' 32 values are rebuilt as int8 lanes of
+// sum_{e<32} w[e] * x^[e] for sub-block g of the weights, where x^ = s * X is the quantized
+// activation block. The weights' 32 values are rebuilt as int8 lanes of
 // eight 32-bit words (lo[k]: elements 4k..4k+3, hi[k]: 16+4k..16+4k+3), which pair with the
 // activation chunks as they are stored.
 
@@ -1780,54 +1803,81 @@ __device__ __forceinline__ void nibbles(int w, int *lo, int *hi) {
     *hi = (w >> 4) & 0x0f0f0f0f;
 }
 
-template <int TYPE> __device__ float sub_dot(const uint8_t *W, size_t g, size_t NB, const XBlock &x);
+// The dot runs in two steps, so that a thread can put the loads of all its rows in flight before it
+// waits for any of them:
+//   sub_load<TYPE>(W, g, NB) -> WSub    the sub-block's bytes: 16 of quants, the rest scales/high bits
+//   sub_dot<TYPE>(w, sub, x)            sum_{e<32} w[e] * x^[e], from registers (sub = g % 8, the
+//                                       sub-block's place in its 256-weight super-block)
+typedef struct {
+    int4 q;  // the 16-byte quants of the qs plane
+    int4 h;  // per type: the super-block header, high bits, scales
+    int e;   // per type: one more word
+} WSub;
+
+template <int TYPE> __device__ WSub sub_load(const uint8_t *W, size_t g, size_t NB);
+template <int TYPE> __device__ float sub_dot(const WSub &w, int sub, const XBlock &x);
 
 // Q4_0: w = d * (q - 8)   ->   d * s * (sum q*X - 8 * sum X)
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const uint8_t *W, size_t g, size_t NB, const XBlock &x) {
-    int4 q = __ldg((const int4 *)W + g);
-    float d = __half2float(__ldg((const __half *)(W + 16 * NB) + g));
+template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_0>(const uint8_t *W, size_t g, size_t NB) {
+    WSub w;
+    w.q = __ldg((const int4 *)W + g);
+    w.e = __ldg((const unsigned short *)(W + 16 * NB) + g); // d
+    return w;
+}
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const WSub &w, int, const XBlock &x) {
+    float d = __half2float(__ushort_as_half((unsigned short)w.e));
+    const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
-    nibbles(q.x, &lo[0], &hi[0]); nibbles(q.y, &lo[1], &hi[1]);
-    nibbles(q.z, &lo[2], &hi[2]); nibbles(q.w, &lo[3], &hi[3]);
+#pragma unroll
+    for (int k = 0; k < 4; k++) nibbles(qw[k], &lo[k], &hi[k]);
     return d * x.s * (float)(dot_q_x(lo, hi, x) - 8 * x.sum);
 }
 
-// IQ4 values of the 8 nibbles of a word, as int8: *lo gets the low nibbles of bytes 0..3 (elements
-// 4k..4k+3), *hi the high nibbles (elements 16+4k..). The 16-entry table lives in four registers
-// (T0..T3 = kvalues[0..15] as bytes). __byte_perm picks bytes with a selector nibble whose 3 low bits
-// index 8 bytes, so each nibble is looked up in both halves of the table and the 4th index bit picks
-// the half; two last permutes separate the low and high nibbles.
-#define IQ4_T0 0xbfad9881 // -127 -104 -83 -65
-#define IQ4_T1 0xf6eaddcf //  -49  -35 -22 -10
-#define IQ4_T2 0x26190d01 //    1   13  25  38
-#define IQ4_T3 0x71594535 //   53   69  89 113
-// prmt.b32 as PTX: every selector below has bit 3 of each nibble clear (no sign replication), so
-// unlike __byte_perm it needs no masking of the selector.
-__device__ __forceinline__ int prmt(int a, int b, int sel) {
+// IQ4 values of the 8 codes of a plane word, as int8: *lo gets elements 4k..4k+3 (the codes in the
+// low 16 bits), *hi elements 16+4k..16+4k+3 (the high 16 bits). prmt.b32 picks 4 bytes out of two
+// registers, byte n by selector nibble n: its 3 low bits index the 8 bytes, and its 4th bit, when
+// set, returns the sign of the picked byte spread over all 8 bits instead of the byte itself. With
+// the codes of iq4_code (bits 0-2: j, bit 3: from table A):
+//   a = prmt(A, code & 7) = A[j]
+//   e = prmt(X, code)     = X[j] = A[j] ^ B[j]  when bit 3 is clear,  0 (X[j] >= 0) when set
+//   a ^ e                 = B[j] or A[j]: the value, in 9 instructions per 8 weights.
+// prmt() and this function run on the host too (the CI tests check the tables against kvalues).
+__host__ __device__ __forceinline__ int prmt(int a, int b, int sel) {
+#ifdef __CUDA_ARCH__
     int d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
+#else
+    uint64_t src = (uint32_t)a | (uint64_t)(uint32_t)b << 32;
+    uint32_t d = 0;
+    for (int n = 0; n < 4; n++) {
+        int s = (sel >> (4 * n)) & 0xf;
+        uint32_t byte = (uint32_t)(src >> (8 * (s & 7))) & 0xff;
+        if (s & 8) byte = byte & 0x80 ? 0xff : 0x00;
+        d |= byte << (8 * n);
+    }
+    return (int)d;
+#endif
 }
-__device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) {
-    int sel = w & 0x77777777;                         // index bits 0..2 of every nibble
-    int pick = 0x32103210 | ((w >> 1) & 0x44444444);  // nibble k: byte k%4 of the lower half, +4 = upper
-    int a0 = prmt(IQ4_T0, IQ4_T1, sel), b0 = prmt(IQ4_T2, IQ4_T3, sel);
-    int a1 = prmt(IQ4_T0, IQ4_T1, sel >> 16), b1 = prmt(IQ4_T2, IQ4_T3, sel >> 16);
-    int r0 = prmt(a0, b0, pick), r1 = prmt(a1, b1, pick >> 16); // nibbles 0..3, 4..7
-    *lo = prmt(r0, r1, 0x6420);
-    *hi = prmt(r0, r1, 0x7531);
+__host__ __device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) {
+    int m = w & 0x77777777;
+    *lo = prmt(IQ4_A0, IQ4_A1, m) ^ prmt(IQ4_X0, IQ4_X1, w);
+    *hi = prmt(IQ4_A0, IQ4_A1, m >> 16) ^ prmt(IQ4_X0, IQ4_X1, w >> 16);
 }
 
-// IQ4_XS: w = d * (ls - 32) * kvalues[q]
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const uint8_t *W, size_t g, size_t NB, const XBlock &x) {
-    int4 q = __ldg((const int4 *)W + g);
-    const uint8_t *hdr = W + 16 * NB + 8 * (g / 8);
-    int ib = (int)(g % 8);
-    float d = __half2float(__ldg((const __half *)hdr));
-    int scales_h = __ldg((const uint16_t *)(hdr + 2));
-    int scales_l = __ldg(hdr + 4 + ib / 2);
-    int ls = ((scales_l >> (4 * (ib % 2))) & 0xf) | (((scales_h >> (2 * ib)) & 3) << 4);
-    const int *qw = (const int *)&q;
+// IQ4_XS: w = d * (ls - 32) * kvalues[q];  h.x = d | scales_h << 16, h.y = scales_l[4]
+template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, size_t g, size_t NB) {
+    WSub w;
+    w.q = __ldg((const int4 *)W + g);
+    int2 hdr = __ldg((const int2 *)(W + 16 * NB) + g / 8);
+    w.h.x = hdr.x;
+    w.h.y = hdr.y;
+    return w;
+}
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const WSub &w, int ib, const XBlock &x) {
+    int ls = ((w.h.y >> (4 * ib)) & 0xf) | (((w.h.x >> (16 + 2 * ib)) & 3) << 4);
+    float d = __half2float(__ushort_as_half((unsigned short)(w.h.x & 0xffff)));
+    const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) iq4_lookup8(qw[k], &lo[k], &hi[k]);
@@ -1839,49 +1889,54 @@ template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const uin
 __device__ __forceinline__ int spread4_bit4(int t) { return (t * 0x02040810) & 0x10101010; }
 
 // Q5_K: w = d * sc * q5 - dmin * m   ->   s * (d * sc * sum q5*X - dmin * m * sum X)
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const uint8_t *W, size_t g, size_t NB, const XBlock &x) {
-    int4 q = __ldg((const int4 *)W + g);
-    int qh = __ldg((const int *)(W + 16 * NB) + g);
-    const uint8_t *hdr = W + 20 * NB + 16 * (g / 8);
-    int sub = (int)(g % 8);
-    __half2 dm = __ldg((const __half2 *)hdr);
-    const uint8_t *sc = hdr + 4;
-    int scale, mn;
-    if (sub < 4) {
-        scale = __ldg(sc + sub) & 63;
-        mn = __ldg(sc + sub + 4) & 63;
-    } else {
-        int a = __ldg(sc + sub + 4), b = __ldg(sc + sub - 4), c = __ldg(sc + sub);
-        scale = (a & 0xf) | ((b >> 6) << 4);
-        mn = (a >> 4) | ((c >> 6) << 4);
-    }
-    const int *qw = (const int *)&q;
+// h = the super-block header (d | dmin << 16, scales[0..3], [4..7], [8..11]), e = the 32 5th bits
+template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_K>(const uint8_t *W, size_t g, size_t NB) {
+    WSub w;
+    w.q = __ldg((const int4 *)W + g);
+    w.e = __ldg((const int *)(W + 16 * NB) + g);
+    w.h = __ldg((const int4 *)(W + 20 * NB) + g / 8);
+    return w;
+}
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub &w, int sub, const XBlock &x) {
+    int shift = 8 * (sub % 4);
+    // k_scale_min on the header words: bytes sub%4 of scales[0..3], [4..7] and [8..11]
+    int b0 = (w.h.y >> shift) & 0xff, b1 = (w.h.z >> shift) & 0xff, b2 = (w.h.w >> shift) & 0xff;
+    int scale = sub < 4 ? b0 & 63 : (b2 & 0xf) | ((b0 >> 6) << 4);
+    int mn = sub < 4 ? b1 & 63 : (b2 >> 4) | ((b1 >> 6) << 4);
+    const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         nibbles(qw[k], &lo[k], &hi[k]);
-        lo[k] |= spread4_bit4((qh >> (4 * k)) & 0xf);
-        hi[k] |= spread4_bit4((qh >> (16 + 4 * k)) & 0xf);
+        lo[k] |= spread4_bit4((w.e >> (4 * k)) & 0xf);
+        hi[k] |= spread4_bit4((w.e >> (16 + 4 * k)) & 0xf);
     }
-    float2 f = __half22float2(dm);
+    float2 f = __half22float2(*(const __half2 *)&w.h.x);
     return x.s * (f.x * scale * (float)dot_q_x(lo, hi, x) - f.y * mn * (float)x.sum);
 }
 
 // Q6_K: w = d * sc * (q6 - 32), one int8 scale per 16 weights
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const uint8_t *W, size_t g, size_t NB, const XBlock &x) {
-    int4 q = __ldg((const int4 *)W + g);
+// h.x, h.y = the high 2 bits (qh plane), h.z = the two int8 scales of this sub-block, h.w = d
+template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q6_K>(const uint8_t *W, size_t g, size_t NB) {
+    WSub w;
+    w.q = __ldg((const int4 *)W + g);
     int2 qh = __ldg((const int2 *)(W + 16 * NB) + g);
-    int sub = (int)(g % 8);
-    const int8_t *scp = (const int8_t *)(W + 24 * NB + 16 * (g / 8) + 2 * sub);
-    int sc0 = __ldg(scp), sc1 = __ldg(scp + 1);
-    float d = __half2float(__ldg((const __half *)(W + 26 * NB) + g / 8));
-    const int *qw = (const int *)&q;
+    w.h.x = qh.x;
+    w.h.y = qh.y;
+    w.h.z = __ldg((const unsigned short *)(W + 24 * NB + 16 * (g / 8)) + g % 8);
+    w.h.w = __ldg((const unsigned short *)(W + 26 * NB) + g / 8);
+    return w;
+}
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const WSub &w, int, const XBlock &x) {
+    int sc0 = (int8_t)(w.h.z & 0xff), sc1 = (int8_t)((w.h.z >> 8) & 0xff);
+    float d = __half2float(__ushort_as_half((unsigned short)w.h.w));
+    const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         nibbles(qw[k], &lo[k], &hi[k]);
-        // high 2 bits of elements 4k..4k+3 sit at bits 2k..2k+1 of each byte of qh.x (16+4k..: qh.y)
-        int hl = ((qh.x >> (2 * k)) & 0x03030303) << 4, hh = ((qh.y >> (2 * k)) & 0x03030303) << 4;
+        // high 2 bits of elements 4k..4k+3 sit at bits 2k..2k+1 of each byte of h.x (16+4k..: h.y)
+        int hl = ((w.h.x >> (2 * k)) & 0x03030303) << 4, hh = ((w.h.y >> (2 * k)) & 0x03030303) << 4;
         lo[k] = __vsub4(lo[k] | hl, 0x20202020); // q6 - 32 as signed bytes
         hi[k] = __vsub4(hi[k] | hh, 0x20202020);
     }
@@ -1922,10 +1977,13 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     for (int u = threadIdx.x; u < n_sub; u += blockDim.x) {
+        // all R rows' loads first (rows past the end read the last row and are not written)
+        WSub w[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (size_t)min(row0 + r, n_out - 1) * n_sub + u, NB);
         XBlock xb = load_xblock(xq, u, n_sub);
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            if (row0 + r < n_out) acc[r] += sub_dot<TYPE>(W, (size_t)(row0 + r) * n_sub + u, NB, xb);
+        for (int r = 0; r < R; r++) acc[r] += sub_dot<TYPE>(w[r], u % 8, xb);
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -2013,12 +2071,18 @@ ffn_gate_up_silu_kernel(const uint8_t *Wg, const uint8_t *Wu, // planes, (n_ff r
 #pragma unroll
     for (int r = 0; r < R; r++) ag[r] = au[r] = 0.0f;
     for (int u = threadIdx.x; u < n_sub; u += blockDim.x) {
-        XBlock xb = load_xblock(xq, u, n_sub);
+        WSub wg[R], wu[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
             size_t g = (size_t)(row0 + r) * n_sub + u;
-            ag[r] += sub_dot<TYPE>(Wg, g, NB, xb);
-            au[r] += sub_dot<TYPE>(Wu, g, NB, xb);
+            wg[r] = sub_load<TYPE>(Wg, g, NB);
+            wu[r] = sub_load<TYPE>(Wu, g, NB);
+        }
+        XBlock xb = load_xblock(xq, u, n_sub);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            ag[r] += sub_dot<TYPE>(wg[r], u % 8, xb);
+            au[r] += sub_dot<TYPE>(wu[r], u % 8, xb);
         }
     }
 #pragma unroll
@@ -4341,6 +4405,75 @@ static void prof_finish(const char *title) {
     g_prof = NULL;
 }
 
+// The mat-vecs alone, per kind: one graph holds the kind's launches for every layer back to back
+// (different weights each time, so nothing is served from L2), replayed 5 times. No event sits
+// between the launches, so this is what each kernel streams inside the forward graph, launch
+// gaps included. Outputs go to scratch buffers; the inputs are whatever the last pass left.
+static void bench_matvecs(const Model *m, GpuState *s, double copy_bw) {
+    const char *kinds[] = {"ffn_gate_up", "ffn_down", "gdn_proj", "gdn_out", "attn_qkv", "attn_output", "output"};
+    cudaStream_t st = s->stream;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    printf("\nmat-vecs alone, each kind over all its layers in one graph (launch gaps included):\n");
+    printf("  %-12s %6s %12s %9s %9s %7s\n", "kind", "calls", "bytes/call", "us/call", "GB/s", "% copy");
+    for (int k = 0; k < 7; k++) {
+        double bytes = 0;
+        int calls = 0;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int l = 0; l < (k == 6 ? 1 : m->c.n_layer); l++) {
+            const LayerWeights *L = &m->w.layers[l];
+            int gdn = m->c.kind[l] == LAYER_DELTANET;
+            if (k == 0) {
+                ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, s->group_done, st);
+                bytes += L->w_gate.nbytes + L->w_up.nbytes;
+            } else if (k == 1) {
+                matvec(&L->w_down, &s->hb, s->hb2, NULL, 0, st);
+                bytes += L->w_down.nbytes;
+            } else if (k == 2 && gdn) {
+                const Tensor *W[4] = {&L->wqkv, &L->wz, &L->w_beta, &L->w_alpha};
+                const float *nob[4] = {NULL, NULL, NULL, NULL};
+                float *y[4] = {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha};
+                matvec_batch(4, W, nob, y, &s->xb, st);
+                bytes += L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes;
+            } else if (k == 3 && gdn) {
+                matvec(&L->ssm_out, &s->gdn_out, s->hb2, NULL, 0, st);
+                bytes += L->ssm_out.nbytes;
+            } else if (k == 4 && !gdn) {
+                matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb,
+                           m->c.arch == ARCH_QWEN35 ? s->qg : s->q, s->k, s->v, st);
+                bytes += L->wq.nbytes + L->wk.nbytes + L->wv.nbytes;
+            } else if (k == 5 && !gdn) {
+                matvec(&L->wo, &s->att_out, s->hb2, NULL, 0, st);
+                bytes += L->wo.nbytes;
+            } else if (k == 6) {
+                matvec(&m->w.output, &s->xb, s->logits, DEV(m->w.output_bias), 0, st);
+                bytes += m->w.output.nbytes;
+            } else continue;
+            calls++;
+        }
+        CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+        if (calls == 0) { CUDA_CHECK(cudaGraphDestroy(graph)); continue; }
+        CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+        CUDA_CHECK(cudaGraphLaunch(exec, st));
+        CUDA_CHECK(cudaEventRecord(e0, st));
+        for (int r = 0; r < 5; r++) CUDA_CHECK(cudaGraphLaunch(exec, st));
+        CUDA_CHECK(cudaEventRecord(e1, st));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        double t = ms * 1e-3 / 5 / calls;
+        printf("  %-12s %6d %12.0f %9.1f %9.0f %6.1f%%\n", kinds[k], calls, bytes / calls, t * 1e6, bytes / calls / t / 1e9,
+               100.0 * bytes / calls / t / copy_bw);
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 static void run_bench(Model *m, int n_ctx) {
     const int ctxs[2] = {128, 2048};
     if (n_ctx < 2048 + 1) n_ctx = 2048 + 1;
@@ -4391,6 +4524,7 @@ static void run_bench(Model *m, int n_ctx) {
     char title[128];
     snprintf(title, sizeof title, "one forward pass at context %d", ctxs[1]);
     prof_finish(title);
+    bench_matvecs(m, &s, copy_bw);
 
     // prefill: pp512 = a 512-token prompt from position 0, logits of its last token
     if (s.n_batch >= 512) {

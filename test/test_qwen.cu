@@ -302,6 +302,53 @@ static void test_gguf_reader(void) {
 }
 
 // =================================================================================================
+// The IQ4_XS planes: codes and the register table lookup (host run of the GPU's iq4_lookup8)
+// =================================================================================================
+static void test_iq4_planes(void) {
+    // every value in every position of a word
+    int bad = 0;
+    for (int idx = 0; idx < 16; idx++)
+        for (int pos = 0; pos < 8; pos++) {
+            uint32_t w = 0;
+            for (int p = 0; p < 8; p++) w |= (uint32_t)iq4_code(p == pos ? idx : (idx + 5 * p + 3) % 16) << (4 * p);
+            int lo, hi;
+            iq4_lookup8((int)w, &lo, &hi);
+            for (int p = 0; p < 8; p++) {
+                int want = KVALUES_IQ4NL[p == pos ? idx : (idx + 5 * p + 3) % 16];
+                int got = (int8_t)((p < 4 ? lo : hi) >> (8 * (p % 4)));
+                bad += got != want;
+            }
+        }
+    check(bad == 0, "iq4_lookup8 (host run): all 16 values in all 8 positions of a word");
+    // a repacked block decodes to the file's values, element by element
+    block_iq4_xs b;
+    memset(&b, 0, sizeof b);
+    b.d = 0x3c00;
+    b.scales_h = 0x1234;
+    for (int i = 0; i < 4; i++) b.scales_l[i] = (uint8_t)(0x5a + 37 * i);
+    for (int i = 0; i < 128; i++) b.qs[i] = (uint8_t)(i * 73 + 11);
+    float want[256];
+    dequant_row(GGML_TYPE_IQ4_XS, (const uint8_t *)&b, want, 256);
+    uint8_t planes[8 * 16 + 8];
+    repack_c(GGML_TYPE_IQ4_XS, (const uint8_t *)&b, planes, 1, 8);
+    bad = 0;
+    for (int sub = 0; sub < 8; sub++) {
+        int ls = ((b.scales_l[sub / 2] >> (4 * (sub % 2))) & 0xf) | (((b.scales_h >> (2 * sub)) & 3) << 4);
+        for (int k = 0; k < 4; k++) {
+            int w, lo, hi;
+            memcpy(&w, planes + 16 * sub + 4 * k, 4);
+            iq4_lookup8(w, &lo, &hi);
+            for (int p = 0; p < 8; p++) {
+                int e = p < 4 ? 4 * k + p : 16 + 4 * k + p - 4;
+                float v = (float)(ls - 32) * (int8_t)((p < 4 ? lo : hi) >> (8 * (p % 4)));
+                bad += v != want[32 * sub + e];
+            }
+        }
+    }
+    check(bad == 0, "IQ4_XS planes (repack_c) + iq4_lookup8 give the file's 256 values");
+}
+
+// =================================================================================================
 // C dequantizers on hand-built blocks (values worked out from the format descriptions)
 // =================================================================================================
 static void test_dequantizers(void) {
@@ -2151,6 +2198,7 @@ int main(int argc, char **argv) {
     test_conversions();
     test_gguf_reader();
     test_dequantizers();
+    test_iq4_planes();
     test_sampler();
     test_tokenizer();
     test_cli();
