@@ -1961,9 +1961,14 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 // loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
 // C twin: matvec_xq_c.
 #ifndef FAST_ROWS
-#define FAST_ROWS 4 // rows per block (a divisor of 32: the gate/up kernel quantizes groups of 32 rows)
+#define FAST_ROWS 8 // rows per block of the mat-vecs
 #endif
+#ifndef GATE_UP_ROWS
+#define GATE_UP_ROWS FAST_ROWS // rows of each matrix per block of the gate/up kernel (a divisor of 32)
+#endif
+#ifndef FAST_MAX_THREADS
 #define FAST_MAX_THREADS 256
+#endif
 template <int TYPE, int R>
 __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
                                           const XQ &xq,       // (n_sub) blocks of the input
@@ -2049,9 +2054,9 @@ static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int
     }
 }
 
-// FFN gate and up in one pass, fast types: a block owns FAST_ROWS rows of both matrices (the K
+// FFN gate and up in one pass, fast types: a block owns GATE_UP_ROWS rows of both matrices (the K
 // split of matvec_fast_kernel) and writes h = silu(gate) * up in fp32. The 16-bit copy of h needs 32
-// consecutive rows: the last of the 32/FAST_ROWS blocks of a group to finish (a per-group counter,
+// consecutive rows: the last of the 32/GATE_UP_ROWS blocks of a group to finish (a per-group counter,
 // reset by that block for the next token) quantizes the group.
 // C twin: matvec_xq_c twice, silu_c, quantize_block_c.
 template <int TYPE>
@@ -2061,7 +2066,7 @@ ffn_gate_up_silu_kernel(const uint8_t *Wg, const uint8_t *Wu, // planes, (n_ff r
                         Act h,                                // out: (n_ff) silu(gate) * up
                         int *group_done,                      // (n_ff/32) counters, zero between tokens
                         int n_sub, int n_ff) {
-    const int R = FAST_ROWS;
+    const int R = GATE_UP_ROWS;
     __shared__ float part[FAST_MAX_THREADS / WARP][2 * R];
     __shared__ int last;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
@@ -2596,7 +2601,7 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
     if (G->planes && U->planes && G->type == U->type && n_ff % 32 == 0 && in->q.q) {
         const uint8_t *wg = (const uint8_t *)G->dev, *wu = (const uint8_t *)U->dev;
         int threads = fast_threads(n_sub);
-#define GU(T) ffn_gate_up_silu_kernel<T><<<n_ff / FAST_ROWS, threads, 0, st>>>(wg, wu, in->q, *h, group_done, n_sub, n_ff)
+#define GU(T) ffn_gate_up_silu_kernel<T><<<n_ff / GATE_UP_ROWS, threads, 0, st>>>(wg, wu, in->q, *h, group_done, n_sub, n_ff)
         FAST_TYPE_SWITCH(G->type, GU)
 #undef GU
         KERNEL_CHECK();
