@@ -1960,6 +1960,8 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 // every activation block a thread loads serves R rows, and even a short row keeps a whole block of
 // loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
 // C twin: matvec_xq_c.
+// Rows per block: more rows share each activation load and put more bytes in flight per thread;
+// fewer give long rows more blocks. 8 measured fastest on the 27B files (test/PERF_NOTES.md).
 #ifndef FAST_ROWS
 #define FAST_ROWS 8 // rows per block of the mat-vecs
 #endif
@@ -2529,8 +2531,8 @@ __global__ void silu_mul_quant_kernel(Act h, const float *u, int n) {
 
 // --- host launchers -------------------------------------------------------------------------------
 
-// Rows per warp for the fast mat-vec: more rows share each activation load, fewer rows keep small
-// matrices spread over all the SMs.
+// y = W x (+ bias) (+ y when accumulate): the fast kernel (16-bit x) for weights in planes, the
+// generic one (fp32 x) for the rest.
 static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
     const uint8_t *w = (const uint8_t *)W->dev;
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
