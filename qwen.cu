@@ -2538,9 +2538,13 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
     if (W->planes) {
         if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
-        int n_sub = n_in / 32;
-        int threads = fast_threads(n_sub), blocks = (n_out + FAST_ROWS - 1) / FAST_ROWS;
-#define FAST(T) matvec_fast_kernel<T, FAST_ROWS><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
+        // rows longer than one pass of the block (the FFN down projections) take half the rows per
+        // block: twice the blocks, since each one walks its rows pass after pass
+        int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
+        int R = long_rows ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
+#define FAST(T)                                                                                                  \
+    if (long_rows) matvec_fast_kernel<T, FAST_ROWS / 2><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
+    else matvec_fast_kernel<T, FAST_ROWS><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
         FAST_TYPE_SWITCH(W->type, FAST)
 #undef FAST
         KERNEL_CHECK();
