@@ -1481,15 +1481,16 @@ static void test_gpu_matvec(void) {
     const int types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
                          GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
                          GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
-    // (n_in in blocks, n_out): odd row counts, one-block rows, long rows
-    const int shapes[][2] = {{1, 1}, {3, 37}, {8, 129}, {17, 64}, {40, 300}};
+    // (n_in in blocks, n_out): odd row counts, one-block rows, long rows, rows longer than a block's pass (the
+    // fast kernel then takes half the rows per block)
+    const int shapes[][2] = {{1, 1}, {3, 37}, {8, 129}, {17, 64}, {40, 300}, {300, 9}};
     cudaStream_t st = 0;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         int type = types[ti], fast = is_fast_type(type);
         double worst = 0, worst_exact = 0;
         int repack_ok = 1;
         char name[160], name2[160], name3[160];
-        snprintf(name, sizeof name, "gpu mat-vec %s vs %s (5 shapes, bias, accumulate): |d|/sum|wx|", type_name(type),
+        snprintf(name, sizeof name, "gpu mat-vec %s vs %s (6 shapes, bias, accumulate): |d|/sum|wx|", type_name(type),
                  fast ? "matvec_xq_c" : "matvec_c");
         snprintf(name2, sizeof name2, "gpu repack_kernel %s vs repack_c: bit-identical planes", type_name(type));
         snprintf(name3, sizeof name3, "gpu mat-vec %s with 16-bit x vs exact fp32 x: |d|/sum|wx|", type_name(type));
