@@ -1961,7 +1961,8 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 // loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
 // C twin: matvec_xq_c.
 // Rows per block: more rows share each activation load and put more bytes in flight per thread;
-// fewer give long rows more blocks. 8 measured fastest on the 27B files (test/PERF_NOTES.md).
+// fewer give long rows more blocks. 8 measured fastest on the 27B files, and half of it for rows
+// longer than one pass of the block (matvec(); test/PERF_NOTES.md).
 #ifndef FAST_ROWS
 #define FAST_ROWS 8 // rows per block of the mat-vecs
 #endif
