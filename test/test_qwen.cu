@@ -37,6 +37,13 @@ static void skip(const char *name, const char *why) {
     fflush(stdout);
     n_skip++;
 }
+// a test's n named checks without a GPU: all reported as skipped; returns 1 then
+#define SKIP_ALL_WITHOUT_GPU(names) skip_all_without_gpu(names, sizeof names / sizeof names[0])
+static int skip_all_without_gpu(const char *const *names, size_t n) {
+    if (HAVE_GPU) return 0;
+    for (size_t i = 0; i < n; i++) skip(names[i], "no GPU");
+    return 1;
+}
 
 // QWEN_TEST_SUBSET=1: some fixture directories were left out on purpose (the GPU machine takes at most
 // 64 MiB per run); checks that need a missing fixture are skipped instead of failing.
@@ -1656,10 +1663,7 @@ static void test_gpu_small_kernels(void) {
                            "gpu attention split+combine vs attention_c (g=8, hd=128)",
                            "gpu attention split+combine, sigmoid gate vs attention_c (g=6, hd=256)",
                            "gpu silu_mul_quant_kernel vs silu_c * u + quantize_block_c"};
-    if (!HAVE_GPU) {
-        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) skip(names[i], "no GPU");
-        return;
-    }
+    if (SKIP_ALL_WITHOUT_GPU(names)) return;
     // rmsnorm + quantize
     {
         const int n = 1024;
@@ -2078,10 +2082,7 @@ static void test_gpu_prefill_rows(void) {
                            "gpu gdn_conv_rows + gdn_conv_state (6 rows, then 2) vs gdn_conv_c per row: out, state",
                            "gpu gdn_norm_gate_rows_kernel vs gated_rmsnorm_c per head (fp16 rows in half-steps)",
                            "gpu row_nll_kernel vs log_softmax: |d nll|"};
-    if (!HAVE_GPU) {
-        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) skip(names[i], "no GPU");
-        return;
-    }
+    if (SKIP_ALL_WITHOUT_GPU(names)) return;
     const int T = 3, n = 1024, ld = 1032;
     float *x = (float *)xmalloc((size_t)T * n * 4), *u = (float *)xmalloc((size_t)T * n * 4);
     float *w = (float *)xmalloc(n * 4), *ref = (float *)xmalloc((size_t)T * n * 4);
