@@ -2689,22 +2689,42 @@ __host__ __device__ static float row_scale(float amax) {
 }
 
 // --- weight tiles: one 32-weight unit as fp16 -------------------------------------------------------
-// The 32 weights of unit u of a weight row, rounded to fp16 from the exact fp32 dequantized values
-// (the C twin: dequant_row, then fp16), in two steps so that the product can have the loads of the
-// next tile in flight while it multiplies the current one:
-//   w_load<TYPE>(W, row, u, n_in, NB) -> WRaw   the unit's bytes: 16 of quants, 16 of scales
+// The 32 weights of unit u of a weight row as fp16 (the C twin: mm_weight_row), in two steps so that
+// the product can have the loads of the next tile in flight while it multiplies the current one:
+//   w_load<TYPE>(W, row, u, n_in, NB) -> WRaw   the unit's bytes: 16 of quants, the scales
 //   w_decode<TYPE>(raw, out)                     32 fp16 weights
 // GGML_TYPE_F16 reads fp16 rows (the fp16 copy of a weight without planes: 64 bytes); the fast types
 // read their planes (layout in section 6), sub-block g = row * n_sub + u.
+//
+// The decode works on pairs of fp16 (half2), with no int -> float conversion: a small integer c
+// (0..255) becomes an fp16 by writing it under the exponent of 1024, whose ulp is 1,
+//   bits 0x6400 | c  =  1024 + c   (exact),    so   (0x6400 | c) - (1024 + o) = c - o   (exact)
+// and one byte permute builds two of them from two bytes of quants. The weight is then one fp16
+// multiply (or fma) by the sub-block scale rounded to fp16: one rounding, as in the twin.
+//   Q4_0:   c = q,          w = (c - 8) * d                       (d is fp16 already: the exact value)
+//   IQ4_XS: c = kvalue + 128, w = (c - 128) * fp16(d * (ls - 32))
+//   Q5_K:   c = q (5 bits), w = c * fp16(d * sc) - fp16(dmin * m)  (an fma: one rounding)
+//   Q6_K:   c = q (6 bits), w = (c - 32) * fp16(d * sc)
 
 typedef struct { uint4 q, e, f, g; } WRaw; // q: quants (F16: all four are values), e: scales
 
 template <int TYPE> __device__ WRaw w_load(const uint8_t *W, int row, int u, int n_in, size_t NB);
 template <int TYPE> __device__ void w_decode(const WRaw &r, __half *out);
 
-// nibble of element j (0..31) of a unit: byte j%16 of q, low nibble for j < 16, high nibble after
-__device__ __forceinline__ int nib(const uint4 &q, int j) {
-    return (((const uint32_t *)&q)[(j % 16) / 4] >> (8 * (j % 4) + 4 * (j / 16))) & 0xf;
+// Bytes 0, 1 (sel 0x5140) or 2, 3 (sel 0x5342) of c as the fp16 pair 1024 + c, minus 1024 + o.
+__device__ __forceinline__ __half2 small_ints_h2(uint32_t c, int sel, __half2 off) {
+    uint32_t h = (uint32_t)prmt((int)c, 0x64646464, sel);
+    return __hsub2(*(__half2 *)&h, off);
+}
+// The 4 + 4 integers of lo (elements 4k..4k+3) and hi (16+4k..16+4k+3), each minus o, times scale
+// sc_lo / sc_hi (plus add when fma), to the 32 fp16 weights out of the unit.
+__device__ __forceinline__ void put8(__half *out, int k, uint32_t lo, uint32_t hi, __half2 off, __half2 sc_lo,
+                                     __half2 sc_hi) {
+    __half2 *o = (__half2 *)out;
+    o[2 * k] = __hmul2(small_ints_h2(lo, 0x5140, off), sc_lo);
+    o[2 * k + 1] = __hmul2(small_ints_h2(lo, 0x5342, off), sc_lo);
+    o[8 + 2 * k] = __hmul2(small_ints_h2(hi, 0x5140, off), sc_hi);
+    o[8 + 2 * k + 1] = __hmul2(small_ints_h2(hi, 0x5342, off), sc_hi);
 }
 
 template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_F16>(const uint8_t *W, int row, int u, int n_in, size_t) {
@@ -2716,7 +2736,7 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_F16>(const WRaw &
     o[0] = r.q; o[1] = r.e; o[2] = r.f; o[3] = r.g;
 }
 
-// Q4_0: e.x = d
+// Q4_0: e.x = d. Word k of q: low nibbles = elements 4k..4k+3, high nibbles = 16+4k..
 template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_0>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
     size_t g = (size_t)row * (n_in / 32) + u;
     WRaw r;
@@ -2725,58 +2745,73 @@ template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_0>(const uint8_t
     return r;
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_0>(const WRaw &r, __half *out) {
-    float d = h2f((uint16_t)r.e.x);
+    __half2 d = __half2half2(__ushort_as_half((unsigned short)r.e.x)), off = __float2half2_rn(1024.0f + 8.0f);
+    const uint32_t *qw = (const uint32_t *)&r.q;
 #pragma unroll
-    for (int j = 0; j < 32; j++) out[j] = __float2half(d * (nib(r.q, j) - 8));
+    for (int k = 0; k < 4; k++) put8(out, k, qw[k] & 0x0f0f0f0f, (qw[k] >> 4) & 0x0f0f0f0f, off, d, d);
 }
 
-// IQ4_XS: e = d, scales_h, the scales_l byte of this sub-block, the sub-block (0..7)
+// IQ4_XS: e.x = d | scales_h << 16, e.y = scales_l[4], e.z = the sub-block (0..7)
 template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
     size_t g = (size_t)row * (n_in / 32) + u;
-    int sub = (int)(g % 8);
-    const uint8_t *hdr = W + 16 * NB + 8 * (g / 8); // d, scales_h, scales_l[4]
+    uint2 hdr = __ldg((const uint2 *)(W + 16 * NB) + g / 8); // the super-block's 8 header bytes at once
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
-    r.e = make_uint4(__ldg((const uint16_t *)hdr), __ldg((const uint16_t *)hdr + 1), __ldg(hdr + 4 + sub / 2), sub);
+    r.e = make_uint4(hdr.x, hdr.y, (uint32_t)(g % 8), 0);
     return r;
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_IQ4_XS>(const WRaw &r, __half *out) {
-    int sub = (int)r.e.w;
-    int ls = ((r.e.z >> (4 * (sub % 2))) & 0xf) | (((r.e.y >> (2 * sub)) & 3) << 4);
-    float dl = h2f((uint16_t)r.e.x) * (ls - 32);
+    int sub = (int)r.e.z;
+    int ls = ((r.e.y >> (4 * sub)) & 0xf) | (((r.e.x >> (16 + 2 * sub)) & 3) << 4);
+    __half2 dl = __float2half2_rn(h2f((uint16_t)r.e.x) * (float)(ls - 32)), off = __float2half2_rn(1024.0f + 128.0f);
     const int *qw = (const int *)&r.q;
 #pragma unroll
-    for (int k = 0; k < 4; k++) { // the table lookup in registers (iq4_lookup8, section 6): 4 + 4 values as int8
+    for (int k = 0; k < 4; k++) { // the table lookup in registers (iq4_lookup8, section 6): 4 + 4 int8
         int lo, hi;
         iq4_lookup8(qw[k], &lo, &hi);
-#pragma unroll
-        for (int b = 0; b < 4; b++) {
-            out[4 * k + b] = __float2half(dl * (float)(int8_t)(lo >> (8 * b)));
-            out[16 + 4 * k + b] = __float2half(dl * (float)(int8_t)(hi >> (8 * b)));
-        }
+        put8(out, k, (uint32_t)lo ^ 0x80808080u, (uint32_t)hi ^ 0x80808080u, off, dl, dl); // int8 + 128
     }
 }
 
-// Q5_K: e = the 32 high bits, d * sc and dmin * m (fp32 bits)
+// Q5_K: e.x = the 32 high bits (bit j: element j), e.y = d * sc, e.z = dmin * m (fp32 bits, exact)
 template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
     size_t g = (size_t)row * (n_in / 32) + u;
-    const uint32_t *hdr = (const uint32_t *)(W + 20 * NB + 16 * (g / 8)); // d, dmin, scales[12]
-    uint32_t h[4] = {__ldg(hdr), __ldg(hdr + 1), __ldg(hdr + 2), __ldg(hdr + 3)};
-    int sc, m;
-    k_scale_min((int)(g % 8), (const uint8_t *)h + 4, &sc, &m);
+    uint4 h = __ldg((const uint4 *)(W + 20 * NB + 16 * (g / 8))); // d, dmin, scales[12]
+    int j = (int)(g % 8), sc, m; // k_scale_min on the words of h: s[i] is byte i % 4 of word 1 + i / 4
+    uint32_t s0 = h.y, s1 = h.z, s2 = h.w;
+    if (j < 4) {
+        sc = (s0 >> (8 * j)) & 63;
+        m = (s1 >> (8 * j)) & 63;
+    } else {
+        uint32_t b = s2 >> (8 * (j - 4)); // s[j + 4]
+        sc = (b & 0xf) | (((s0 >> (8 * (j - 4) + 6)) & 3) << 4);
+        m = ((b >> 4) & 0xf) | (((s1 >> (8 * (j - 4) + 6)) & 3) << 4);
+    }
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
-    r.e = make_uint4(__ldg((const uint32_t *)(W + 16 * NB) + g), __float_as_uint(h2f((uint16_t)h[0]) * sc),
-                     __float_as_uint(h2f((uint16_t)(h[0] >> 16)) * m), 0);
+    r.e = make_uint4(__ldg((const uint32_t *)(W + 16 * NB) + g), __float_as_uint(h2f((uint16_t)h.x) * sc),
+                     __float_as_uint(h2f((uint16_t)(h.x >> 16)) * m), 0);
     return r;
 }
+// 4 bits t to bit 4 of bytes 0..3 (bit i of t -> byte i): t * (1 + 2^7 + 2^14 + 2^21) puts bit i at 8i
+__device__ __forceinline__ uint32_t spread4(uint32_t t) { return ((t * 0x00204081u) & 0x01010101u) << 4; }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_K>(const WRaw &r, __half *out) {
-    float d = __uint_as_float(r.e.y), dm = __uint_as_float(r.e.z);
+    __half2 dsc = __float2half2_rn(__uint_as_float(r.e.y)), dmm = __float2half2_rn(-__uint_as_float(r.e.z));
+    __half2 off = __float2half2_rn(1024.0f), *o = (__half2 *)out;
+    const uint32_t *qw = (const uint32_t *)&r.q;
 #pragma unroll
-    for (int j = 0; j < 32; j++) out[j] = __float2half(d * (nib(r.q, j) | (((r.e.x >> j) & 1) << 4)) - dm);
+    for (int k = 0; k < 4; k++) {
+        uint32_t lo = (qw[k] & 0x0f0f0f0f) | spread4((r.e.x >> (4 * k)) & 0xf);
+        uint32_t hi = ((qw[k] >> 4) & 0x0f0f0f0f) | spread4((r.e.x >> (16 + 4 * k)) & 0xf);
+        o[2 * k] = __hfma2(small_ints_h2(lo, 0x5140, off), dsc, dmm);
+        o[2 * k + 1] = __hfma2(small_ints_h2(lo, 0x5342, off), dsc, dmm);
+        o[8 + 2 * k] = __hfma2(small_ints_h2(hi, 0x5140, off), dsc, dmm);
+        o[8 + 2 * k + 1] = __hfma2(small_ints_h2(hi, 0x5342, off), dsc, dmm);
+    }
 }
 
-// Q6_K: e = the 2-bit highs of elements 0..15 and 16..31, d * sc of each half (fp32 bits)
+// Q6_K: e.x / e.y = the 2-bit highs of elements 0..15 / 16..31 (byte j%4, bits 2*((j%16)/4)),
+// e.z / e.w = d * sc of each half (fp32 bits, exact)
 template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
     size_t g = (size_t)row * (n_in / 32) + u;
     int sub = (int)(g % 8);
@@ -2789,12 +2824,13 @@ template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t
     return r;
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw &r, __half *out) {
+    __half2 s_lo = __float2half2_rn(__uint_as_float(r.e.z)), s_hi = __float2half2_rn(__uint_as_float(r.e.w));
+    __half2 off = __float2half2_rn(1024.0f + 32.0f);
+    const uint32_t *qw = (const uint32_t *)&r.q;
 #pragma unroll
-    for (int j = 0; j < 32; j++) { // 2 high bits of element j: byte j%4 of word j/16, bits 2*((j%16)/4)
-        uint32_t hw = j < 16 ? r.e.x : r.e.y;
-        int v = nib(r.q, j) | (((hw >> (8 * (j % 4) + 2 * ((j % 16) / 4))) & 3) << 4);
-        out[j] = __float2half(__uint_as_float(j < 16 ? r.e.z : r.e.w) * (v - 32));
-    }
+    for (int k = 0; k < 4; k++)
+        put8(out, k, (qw[k] & 0x0f0f0f0f) | (((r.e.x >> (2 * k)) & 0x03030303) << 4),
+             ((qw[k] >> 4) & 0x0f0f0f0f) | (((r.e.y >> (2 * k)) & 0x03030303) << 4), off, s_lo, s_hi);
 }
 
 // The fp16 copy of rows [r0, r0 + n_rows) of a weight in its file layout (the types without planes),
@@ -2814,63 +2850,88 @@ __global__ void dequant_f16_kernel(const uint8_t *W, size_t row_stride, __half *
 
 // --- the product -----------------------------------------------------------------------------------
 // y[t, n] = s[t] * sum_k X[t, k] W[n, k] (+ bias[n]) (+ y[t, n] when accumulate), for t < T, n < n_out.
-// A block computes a tile of MM_TT tokens x MM_TN weight rows, walking k 64 at a time (two 32-weight
-// units): each step stages the tile's X (fp16 rows) and W (decoded here, one unit per thread, so the
-// two threads of a row read one contiguous 32-byte sector of the planes) in shared memory, and its 8
-// warps multiply them with WMMA, each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16
-// fp32 accumulators). The next step's bytes are loaded into registers before the tensor cores work
-// on the current step and are decoded and stored to the other half of a double buffer after: one
-// barrier per step. Blocks that share a weight tile are neighbours in the grid (x = token tile), so
-// the weights come from DRAM about once. A short grid (few rows, e.g. DeltaNet's beta and alpha)
-// splits k over blockIdx.z: each slice writes its partial sums to part (z, T, n_out) and
-// matmul_reduce_kernel adds them up in order (deterministic). C twin: matmul_c.
+//
+// Tiles. The output is cut into tiles of MM_TT tokens x MM_TN weight rows, and k into steps of 64
+// (two 32-weight units). A step stages the tile's X (fp16 rows) and W (decoded here, one unit per
+// thread, so the two threads of a row read one contiguous 32-byte sector of the planes; X in 16-byte
+// chunks, four whole rows per warp load) in shared memory, and the 8 warps multiply them with WMMA,
+// each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16 fp32 accumulators). The next step's bytes are loaded into registers before the
+// tensor cores work on the current step and are decoded and stored to the other half of a double
+// buffer after: one barrier per step.
+//
+// Work split ("stream-K"). A grid of whole tiles rarely fills the GPU evenly: a 512-token prompt
+// through a 17408-row weight is 544 tiles, 2.06 waves of the H200's 264 resident blocks, so the
+// third wave runs with 16 blocks and most SMs idle (and a 5120-row weight is 0.6 of a wave). So the
+// grid is exactly the blocks that fit on the GPU at once (G), and the work is counted in steps:
+// the tiles in order (token tile fastest, so the blocks that read the same weight tile run side by
+// side and the weights come from DRAM about once), each n_steps long, make one sequence of
+// n_tiles * n_steps steps, and block b takes steps [b * total / G, (b + 1) * total / G). Every
+// block does the same work to within one step. A tile whose steps all fall in one block is written
+// with its scale, bias and accumulation here; a tile cut between blocks leaves a partial sum per
+// piece in part, where block b has two slots: 0 for a piece that starts inside a tile (only the
+// first piece of a block can), 1 for a piece that starts at k = 0 and stops inside it (only the
+// last can). matmul_fixup_kernel then adds each cut tile's pieces in k order (deterministic).
+// C twin: matmul_c.
 #define MM_TT 128      // tokens per tile
 #define MM_TN 128      // weight rows per tile
 #define MM_LD 72       // shared-memory row stride in halves: 64 + 8 keeps rows 16-byte aligned and
                        // spreads the fragment loads over the banks
 #define MM_THREADS 256
 #define MM_SMEM (2 * (MM_TT + MM_TN) * MM_LD * 2) // bytes: both tiles, double-buffered (72 KB)
+#define MM_SLOT (MM_TT * MM_TN)                    // floats in one partial-sum slot
+
+// The block that owns step s of total when G blocks share them (inverse of b -> b * total / G).
+__host__ __device__ static inline int mm_owner(long long s, long long total, int G) {
+    return (int)(((s + 1) * G - 1) / total);
+}
+
 template <int TYPE>
-__global__ void __launch_bounds__(MM_THREADS)
+__global__ void __launch_bounds__(MM_THREADS, 2) // two blocks per SM: at most 128 registers
 matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n_out, n_in)
               size_t NB,         // sub-blocks in the planes
               ActH x,            // (T, x.ld) input rows
-              float *y,          // (T, ldy) output, or with k split: part (gridDim.z, T, n_out)
+              float *y,          // (T, ldy) output
+              float *part,       // (gridDim.x, 2, MM_TT, MM_TN) partial sums of cut tiles
               int ldy, const float *bias /* (n_out) or NULL */, int T, int n_in, int n_out, int accumulate) {
     using namespace nvcuda;
     extern __shared__ __align__(32) uint8_t mm_smem[];
     __half *xs = (__half *)mm_smem, *ws = xs + 2 * MM_TT * MM_LD; // [2][MM_TT * MM_LD], [2][MM_TN * MM_LD]
-    int t0 = blockIdx.x * MM_TT, n0 = blockIdx.y * MM_TN;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int wt = warp / 4, wn = warp % 4;                   // warp tile: tokens 64*wt.., rows 32*wn..
     int lr = threadIdx.x / 2, lu = threadIdx.x % 2;     // loader: tile row lr, unit lu of the step
     int n_units = n_in / 32, n_steps = (n_units + 1) / 2;
-    int per = (n_steps + gridDim.z - 1) / gridDim.z;    // k split: steps [s0, s1) of this slice
-    int s0 = blockIdx.z * per, s1 = min(n_steps, s0 + per);
+    int n_tt = (T + MM_TT - 1) / MM_TT, n_tiles = n_tt * ((n_out + MM_TN - 1) / MM_TN);
+    long long total = (long long)n_tiles * n_steps; // < 2^31 (matmul_tc)
+    int s = (int)(blockIdx.x * total / gridDim.x), s_end = (int)((blockIdx.x + 1) * total / gridDim.x);
+    // loaders. X: chunk c = threadIdx.x + 256 i (i < 4) of the step's 128 rows x 128 bytes is row
+    // c / 8, bytes 16 (c % 8): a warp reads 4 whole rows per load. W: one 32-weight unit per thread,
+    // unit lu of row lr. Rows past T or n_out read the last row instead (their results are never
+    // written); units past n_in (odd n_in / 32) are zeros.
+    int xc = threadIdx.x % 8, xrow = threadIdx.x / 8;
     uint4 xr[4];
     WRaw wr;
-    int t = t0 + lr, n = n0 + lr;
-    // fetch: the bytes of unit 2*step + lu of token row t and weight row n into registers
+    int t0, n0, n;
+    const uint4 *xp[4]; // this thread's X chunks of the next step to fetch (rows + 32 i), moved on by fetch
+    // fetch: the bytes of step `step` into registers (called for consecutive steps)
     auto fetch = [&](int step) {
-        int u = 2 * step + lu;
-        if (t < T && u < n_units) {
-            const uint4 *src = (const uint4 *)(x.h + (size_t)t * x.ld + 32 * u);
+        if (2 * step + xc / 4 < n_units) {
 #pragma unroll
-            for (int i = 0; i < 4; i++) xr[i] = __ldg(src + i);
+            for (int i = 0; i < 4; i++) xr[i] = __ldg(xp[i]);
         } else {
 #pragma unroll
             for (int i = 0; i < 4; i++) xr[i] = make_uint4(0, 0, 0, 0);
         }
-        if (n < n_out && u < n_units) wr = w_load<TYPE>(W, n, u, n_in, NB);
-    };
-    // stash: decode the weights and store both to shared-memory buffer buf (zeros past the edges)
-    auto stash = [&](int step, int buf) {
-        uint4 *xd = (uint4 *)(xs + (buf * MM_TT + lr) * MM_LD + 32 * lu);
-        uint4 *wd = (uint4 *)(ws + (buf * MM_TN + lr) * MM_LD + 32 * lu);
 #pragma unroll
-        for (int i = 0; i < 4; i++) xd[i] = xr[i];
+        for (int i = 0; i < 4; i++) xp[i] += 8; // 64 halves
+        if (2 * step + lu < n_units) wr = w_load<TYPE>(W, n, 2 * step + lu, n_in, NB);
+    };
+    // stash: decode the weights and store both to shared-memory buffer buf
+    auto stash = [&](int step, int buf) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) *((uint4 *)(xs + (buf * MM_TT + xrow + 32 * i) * MM_LD) + xc) = xr[i];
+        uint4 *wd = (uint4 *)(ws + (buf * MM_TN + lr) * MM_LD + 32 * lu);
         __align__(16) __half w32[32];
-        if (n < n_out && 2 * step + lu < n_units) {
+        if (2 * step + lu < n_units) {
             w_decode<TYPE>(wr, w32);
 #pragma unroll
             for (int i = 0; i < 4; i++) wd[i] = ((uint4 *)w32)[i];
@@ -2879,77 +2940,149 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
             for (int i = 0; i < 4; i++) wd[i] = make_uint4(0, 0, 0, 0);
         }
     };
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+    while (s < s_end) { // one piece of a tile per pass: steps [k0, k1) of tile
+        int tile = s / n_steps, k0 = s % n_steps;
+        int k1 = min(n_steps, k0 + (s_end - s));
+        s += k1 - k0;
+        t0 = tile % n_tt * MM_TT, n0 = tile / n_tt * MM_TN;
+        n = min(n0 + lr, n_out - 1);
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+        for (int i = 0; i < 4; i++) xp[i] = (const uint4 *)(x.h + (size_t)min(t0 + xrow + 32 * i, T - 1) * x.ld) + 8 * k0 + xc;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
 #pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    if (s0 < s1) {
-        fetch(s0);
-        stash(s0, 0);
-    }
-    __syncthreads();
-    for (int step = s0; step < s1; step++) {
-        int cur = (step - s0) % 2;
-        if (step + 1 < s1) fetch(step + 1);
-        const __half *xc = xs + cur * MM_TT * MM_LD, *wc = ws + cur * MM_TN * MM_LD;
+        for (int i = 0; i < 4; i++)
 #pragma unroll
-        for (int kk = 0; kk < 64; kk += 16) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[2];
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], wc + (32 * wn + 16 * j) * MM_LD + kk, MM_LD);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                wmma::load_matrix_sync(a, xc + (64 * wt + 16 * i) * MM_LD + kk, MM_LD);
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a, b[j], acc[i][j]);
-            }
-        }
-        if (step + 1 < s1) stash(step + 1, 1 - cur);
+            for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+        fetch(k0);
+        stash(k0, 0);
         __syncthreads();
-    }
-    // epilogue: each fragment goes through a 16x16 fp32 patch of shared memory (the X tiles are free
-    // now), then every lane writes 8 of its values with the row scale, bias and accumulation
-    float *patch = (float *)xs + warp * 256;
-    int split = gridDim.z > 1;
-    float *dst0 = split ? y + (size_t)blockIdx.z * T * n_out : y;
-    int ld = split ? n_out : ldy;
+        for (int step = k0; step < k1; step++) {
+            int cur = (step - k0) % 2;
+            if (step + 1 < k1) fetch(step + 1);
+            const __half *xc = xs + cur * MM_TT * MM_LD, *wc = ws + cur * MM_TN * MM_LD;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+            for (int kk = 0; kk < 64; kk += 16) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[2];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            for (int e = lane; e < 256; e += WARP) {
-                int tt = t0 + 64 * wt + 16 * i + e / 16, nn = n0 + 32 * wn + 16 * j + e % 16;
-                if (tt < T && nn < n_out) {
-                    float v = patch[e] * x.s[tt];
-                    float *dst = dst0 + (size_t)tt * ld + nn;
-                    if (split) *dst = v;
-                    else *dst = (accumulate ? *dst : 0.0f) + v + (bias ? bias[nn] : 0.0f);
+                for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], wc + (32 * wn + 16 * j) * MM_LD + kk, MM_LD);
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                    wmma::load_matrix_sync(a, xc + (64 * wt + 16 * i) * MM_LD + kk, MM_LD);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a, b[j], acc[i][j]);
                 }
             }
-            __syncwarp();
+            if (step + 1 < k1) stash(step + 1, 1 - cur);
+            __syncthreads();
         }
+        // epilogue: each fragment goes through a 16x16 fp32 patch of shared memory (the X tiles are
+        // free now), then every lane writes 8 of its values: the whole tile to y with the row scale,
+        // bias and accumulation; a piece to its slot of part with the row scale
+        float *patch = (float *)xs + warp * 256;
+        int whole = k0 == 0 && k1 == n_steps;
+        float *slot = part + ((size_t)blockIdx.x * 2 + (k0 > 0 ? 0 : 1)) * MM_SLOT;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
+                __syncwarp();
+                for (int e = lane; e < 256; e += WARP) {
+                    int lt = 64 * wt + 16 * i + e / 16, ln = 32 * wn + 16 * j + e % 16; // in the tile
+                    int tt = t0 + lt, nn = n0 + ln;
+                    if (tt < T && nn < n_out) {
+                        float v = patch[e] * x.s[tt];
+                        if (!whole) {
+                            slot[lt * MM_TN + ln] = v;
+                        } else {
+                            float *dst = y + (size_t)tt * ldy + nn;
+                            *dst = (accumulate ? *dst : 0.0f) + v + (bias ? bias[nn] : 0.0f);
+                        }
+                    }
+                }
+                __syncwarp();
+            }
+        __syncthreads(); // the patches and the next piece's first stash share buffer 0
+    }
 }
 
-// y[t, n] (+)= sum_z part[z, t, n] (+ bias[n]): the k slices of a split product, added in order.
-__global__ void matmul_reduce_kernel(float *y, int ldy, const float *part, int n_split, const float *bias, int T,
-                                     int n_out, int accumulate) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)T * n_out) return;
-    int t = (int)(i / n_out), n = (int)(i % n_out);
-    float v = 0.0f;
-    for (int z = 0; z < n_split; z++) v += part[(size_t)z * T * n_out + i];
-    float *dst = y + (size_t)t * ldy + n;
-    *dst = (accumulate ? *dst : 0.0f) + v + (bias ? bias[n] : 0.0f);
+// The tiles that matmul_kernel cut between blocks: y[t, n] (+)= (sum of the pieces in k order)
+// (+ bias[n]). One block per tile; tiles that one block finished return at once.
+__global__ void matmul_fixup_kernel(float *y, int ldy, const float *part, int G, const float *bias, int T, int n_in,
+                                    int n_out, int accumulate) {
+    int n_steps = (n_in / 32 + 1) / 2, n_tt = (T + MM_TT - 1) / MM_TT, tile = blockIdx.x;
+    long long total = (long long)n_tt * ((n_out + MM_TN - 1) / MM_TN) * n_steps;
+    int b_first = mm_owner((long long)tile * n_steps, total, G), b_last = mm_owner((long long)(tile + 1) * n_steps - 1, total, G);
+    if (b_first == b_last) return;
+    int t0 = tile % n_tt * MM_TT, n0 = tile / n_tt * MM_TN;
+    for (int e = threadIdx.x; e < MM_SLOT; e += blockDim.x) {
+        int tt = t0 + e / MM_TN, nn = n0 + e % MM_TN;
+        if (tt >= T || nn >= n_out) continue;
+        float v = part[((size_t)b_first * 2 + 1) * MM_SLOT + e]; // the piece from k = 0
+        for (int b = b_first + 1; b <= b_last; b++) v += part[(size_t)b * 2 * MM_SLOT + e];
+        float *dst = y + (size_t)tt * ldy + nn;
+        *dst = (accumulate ? *dst : 0.0f) + v + (bias ? bias[nn] : 0.0f);
+    }
 }
 
 static int is_float_weight(int type) { return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16; }
 
+// The weights of one row as matmul_kernel's tiles hold them (fp16 values, as floats): the dequantized
+// value rounded to fp16, where IQ4_XS, Q5_K and Q6_K first round their sub-block scales to fp16
+// (the pairwise decode of w_decode; the integer times the scale is exact in fp32, so each weight is
+// rounded once more, to fp16, as on the GPU):
+//   IQ4_XS: fp16(fp16(d * (ls - 32)) * kvalue)   Q5_K: fp16(q * fp16(d * sc) - fp16(dmin * m))
+//   Q6_K:   fp16(fp16(d * sc) * (q - 32))
+static float f16r(float v) { return __half2float(__float2half(v)); }
+static void mm_weight_row(int type, const uint8_t *src, float *w, int n_in) {
+    int nb = n_in / 256;
+    if (type == GGML_TYPE_IQ4_XS) {
+        for (int i = 0; i < nb; i++) {
+            const block_iq4_xs *b = (const block_iq4_xs *)src + i;
+            for (int ib = 0; ib < 8; ib++) {
+                int ls = ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+                float dl = f16r(fp16_to_f32(b->d) * (ls - 32));
+                for (int j = 0; j < 16; j++) {
+                    w[256 * i + 32 * ib + j] = f16r(dl * KVALUES_IQ4NL[b->qs[16 * ib + j] & 0xf]);
+                    w[256 * i + 32 * ib + 16 + j] = f16r(dl * KVALUES_IQ4NL[b->qs[16 * ib + j] >> 4]);
+                }
+            }
+        }
+    } else if (type == GGML_TYPE_Q5_K) {
+        for (int i = 0; i < nb; i++) {
+            const block_q5_K *b = (const block_q5_K *)src + i;
+            for (int ib = 0; ib < 8; ib++) { // sub-block ib: qs bytes 32 (ib/2).., low nibbles for even ib
+                int sc, m;
+                k_scale_min(ib, b->scales, &sc, &m);
+                float dsc = f16r(fp16_to_f32(b->d) * sc), dmm = f16r(fp16_to_f32(b->dmin) * m);
+                for (int l = 0; l < 32; l++) {
+                    int q = ((b->qs[32 * (ib / 2) + l] >> (4 * (ib % 2))) & 0xf) | (((b->qh[l] >> ib) & 1) << 4);
+                    w[256 * i + 32 * ib + l] = f16r((float)((double)q * dsc - dmm));
+                }
+            }
+        }
+    } else if (type == GGML_TYPE_Q6_K) {
+        for (int i = 0; i < nb; i++) {
+            const block_q6_K *b = (const block_q6_K *)src + i;
+            float d = fp16_to_f32(b->d);
+            for (int n = 0; n < 2; n++) // as dequant_q6_K: element 128n + 32t + l
+                for (int l = 0; l < 32; l++)
+                    for (int t = 0; t < 4; t++) {
+                        int q = ((b->ql[64 * n + l + 32 * (t % 2)] >> (4 * (t / 2))) & 0xf) |
+                                (((b->qh[32 * n + l] >> (2 * t)) & 3) << 4);
+                        float s = f16r(d * b->scales[8 * n + l / 16 + 2 * t]);
+                        w[256 * i + 128 * n + 32 * t + l] = f16r(s * (q - 32));
+                    }
+        }
+    } else {
+        dequant_row(type, src, w, n_in);
+        for (int i = 0; i < n_in; i++) w[i] = f16r(w[i]);
+    }
+}
+
 // C twin of matmul_kernel and matmul_f32_kernel: the same products in fp32 (double sums) from the same
-// operands: for quantized weights the dequantized weight rounded to fp16 times the fp16 rows X
+// operands: for quantized weights the fp16 weights of mm_weight_row times the fp16 rows X
 // (then * s), for float weights the weight times the fp32 rows xf. Only the summation order differs.
 static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */, const float *xs /* (T) */,
                      const float *xf /* (T, ld) */, int ld, int T, float *y /* (T, ldy) */, int ldy, const float *bias,
@@ -2957,9 +3090,8 @@ static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */,
     int n_in = (int)W->n_in, exact = is_float_weight(W->type);
     size_t rb = row_bytes(W->type, W->n_in);
     for (int64_t n = 0; n < W->n_out; n++) {
-        dequant_row(W->type, W->host + n * rb, row, n_in);
-        if (!exact)
-            for (int i = 0; i < n_in; i++) row[i] = __half2float(__float2half(row[i]));
+        if (exact) dequant_row(W->type, W->host + n * rb, row, n_in);
+        else mm_weight_row(W->type, W->host + n * rb, row, n_in);
         for (int t = 0; t < T; t++) {
             double acc = 0;
             if (exact) {
@@ -3323,8 +3455,9 @@ typedef struct {
     float *bbeta, *balpha; // (n_batch, Hv)
     float *bgb;            // (n_batch, 2, Hv) g and beta
     float *blogits;        // (n_logit_rows, n_vocab)
-    float *bpart;          // (part_elems) partial sums of a product split along k
+    float *bpart;          // (part_elems) partial sums of the tiles a product cut between blocks
     size_t part_elems;
+    int mm_blocks;         // blocks of a product resident on the GPU at once (its grid)
     __half *wscratch;      // (wscratch_elems)
     float *h_bx;           // pinned host (n_batch, n_embd): embedding rows on their way up
     float *h_blogits;      // pinned host (n_logit_rows, n_vocab)
@@ -3333,7 +3466,9 @@ typedef struct {
 // -b: prompt tokens per batched pass (the prefill buffers are sized for it; 1 turns prefill off).
 static int g_n_batch = 512;
 #define LOGIT_ROWS 64 // rows of logits per batched output product (perplexity scores many rows)
-#define MM_PART_ELEMS ((size_t)4 << 20) // floats of partial sums for products split along k (16 MB)
+#define MM_PART_ELEMS ((size_t)4 << 20) // floats of partial sums at least (16 MB): more when the GPU holds
+                                        // more than 128 product blocks at once (two 64 KB slots each)
+#define MM_BLOCKS_NO_GPU 80             // product blocks assumed for the budget without a GPU (a V100)
 
 // Size the prefill buffers for the model and -b: off (n_batch 0) for -b 1, or when an input width is
 // not a multiple of 32 (the product's tiles walk whole 32-weight units); fp32 rows when a product has
@@ -3348,6 +3483,8 @@ static void layer_products(const LayerWeights *L, const Tensor *out[N_LAYER_PROD
     memcpy(out, lt, sizeof lt);
 }
 
+static int gpu_available(void);
+static int mm_resident(int type);
 static void prefill_plan(GpuState *s, Model *m) {
     const Config *c = &m->c;
     s->n_batch = g_n_batch > 1 ? g_n_batch : 0;
@@ -3355,6 +3492,7 @@ static void prefill_plan(GpuState *s, Model *m) {
     if (c->n_embd % 32 || c->n_head * c->head_dim % 32 || c->n_ff % 32 || c->ssm_inner % 32) s->n_batch = 0;
     s->wscratch_elems = 0;
     s->f32_rows = 0;
+    s->mm_blocks = gpu_available() ? mm_resident(-1) : MM_BLOCKS_NO_GPU;
     for (int l = 0; l <= c->n_layer; l++) { // the layers' products, then the output matrix
         const Tensor *list[N_LAYER_PRODUCTS] = {&m->w.output};
         int n = 1;
@@ -3723,7 +3861,8 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
             CARVE(s->bgb, float *, B * 2 * Hv * 4);
         }
         CARVE(s->blogits, float *, (size_t)s->n_logit_rows * c->n_vocab * 4);
-        s->part_elems = MM_PART_ELEMS;
+        s->part_elems = 2 * MM_SLOT * (size_t)s->mm_blocks; // two slots per block of the product
+        if (s->part_elems < MM_PART_ELEMS) s->part_elems = MM_PART_ELEMS;
         CARVE(s->bpart, float *, s->part_elems * 4);
         if (s->wscratch_elems) CARVE(s->wscratch, __half *, s->wscratch_elems * 2);
     }
@@ -3887,37 +4026,51 @@ static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
 
 // --- prefill: the batched pass (kernels in section 6b) -----------------------------------------------
 
-// The tensor-core product of weights w (planes of a fast type, or fp16 rows), splitting k when the
-// tile grid alone would leave SMs idle and s->bpart has room for the partial sums.
-static void matmul_tc(int type, const uint8_t *w, size_t NB, const ActH *x, int T, float *y, int ldy, const float *bias,
-                      int n_in, int n_out, int accumulate, GpuState *s) {
-    static int n_sm = 0;
-    if (!n_sm) { // once: the SM count, and the 72 KB of shared memory the kernels need (over 48 KB: opt in)
+// Blocks of matmul_kernel<TYPE> resident on the whole GPU at once (the stream-K grid). The first call
+// also opts the kernels in to their 72 KB of shared memory (over 48 KB must be asked for).
+static int mm_resident(int type) {
+    static int n_sm = 0, per_sm[GGML_TYPE_COUNT];
+    if (!n_sm) {
         int dev;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-#define OPT_IN(TY) CUDA_CHECK(cudaFuncSetAttribute(matmul_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM))
+#define OPT_IN(TY)                                                                                                 \
+    CUDA_CHECK(cudaFuncSetAttribute(matmul_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM));    \
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[TY], matmul_kernel<TY>, MM_THREADS, MM_SMEM))
         OPT_IN(GGML_TYPE_F16); OPT_IN(GGML_TYPE_Q4_0); OPT_IN(GGML_TYPE_IQ4_XS); OPT_IN(GGML_TYPE_Q5_K); OPT_IN(GGML_TYPE_Q6_K);
 #undef OPT_IN
     }
+    if (type < 0) { // the most over all types: what s->bpart is sized for
+        int most = 0;
+        for (int i = 0; i < GGML_TYPE_COUNT; i++) most = per_sm[i] > most ? per_sm[i] : most;
+        return n_sm * most;
+    }
+    return n_sm * (per_sm[type] > 0 ? per_sm[type] : 1);
+}
+
+// The tensor-core product of weights w (planes of a fast type, or fp16 rows): matmul_kernel on a
+// grid of the blocks that fit on the GPU (no more than there are steps, nor than s->bpart has slots
+// for), then matmul_fixup_kernel for the tiles cut between blocks.
+static void matmul_tc(int type, const uint8_t *w, size_t NB, const ActH *x, int T, float *y, int ldy, const float *bias,
+                      int n_in, int n_out, int accumulate, GpuState *s) {
     cudaStream_t st = s->stream;
-    unsigned tt = (unsigned)((T + MM_TT - 1) / MM_TT), tn = (unsigned)((n_out + MM_TN - 1) / MM_TN);
-    int n_steps = (n_in / 32 + 1) / 2, ks = 1;
-    while (s->bpart && tt * tn * ks < 2u * n_sm && ks < 16 && n_steps / (2 * ks) >= 4 &&
-           (size_t)2 * ks * T * n_out <= s->part_elems)
-        ks *= 2;
-    dim3 grid(tt, tn, ks);
-    float *out = ks > 1 ? s->bpart : y;
+    int n_tiles = ((T + MM_TT - 1) / MM_TT) * ((n_out + MM_TN - 1) / MM_TN), n_steps = (n_in / 32 + 1) / 2;
+    long long total = (long long)n_tiles * n_steps;
+    if ((long long)T * x->ld >= (1ll << 31) || total >= (1ll << 31))
+        die("prefill: a product of %d rows x %d by %d x %d is too large for one pass (use a smaller -b)", T, n_in, n_out, n_in);
+    long long G = mm_resident(type);
+    if (G > total) G = total;
+    if (G > (long long)(s->part_elems / (2 * MM_SLOT))) G = (long long)(s->part_elems / (2 * MM_SLOT));
+    if (G < 1) G = 1; // one block cuts no tile: part is never written
     switch (type) {
-#define MM(TY) case TY: matmul_kernel<TY><<<grid, MM_THREADS, MM_SMEM, st>>>(w, NB, *x, out, ldy, bias, T, n_in, n_out, accumulate); break
+#define MM(TY) case TY: matmul_kernel<TY><<<(unsigned)G, MM_THREADS, MM_SMEM, st>>>(w, NB, *x, y, s->bpart, ldy, bias, T, n_in, n_out, accumulate); break
     MM(GGML_TYPE_F16); MM(GGML_TYPE_Q4_0); MM(GGML_TYPE_IQ4_XS); MM(GGML_TYPE_Q5_K); MM(GGML_TYPE_Q6_K);
 #undef MM
     default: die("matmul_tc: type %s", type_name(type));
     }
     KERNEL_CHECK();
-    if (ks > 1) {
-        size_t n = (size_t)T * n_out;
-        matmul_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(y, ldy, s->bpart, ks, bias, T, n_out, accumulate);
+    if (G > 1) {
+        matmul_fixup_kernel<<<(unsigned)n_tiles, 256, 0, st>>>(y, ldy, s->bpart, (int)G, bias, T, n_in, n_out, accumulate);
         KERNEL_CHECK();
     }
 }

@@ -1909,12 +1909,12 @@ static void test_gpu_matmul(void) {
                          GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
                          GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     // (T rows, n_in in blocks, n_out): one row, edges of the 128 x 128 tiles, several tiles each way,
-    // long rows with few outputs (k split over blocks)
+    // long rows with few outputs (a tile cut between many blocks)
     const int shapes[][3] = {{1, 1, 1}, {5, 3, 37}, {130, 2, 129}, {200, 5, 300}, {7, 48, 40}, {300, 3, 150}};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         int type = types[ti];
         char name[160], name2[160];
-        snprintf(name, sizeof name, "gpu prefill product %s vs matmul_c (6 shapes, bias, accumulate, k split): |d|/sum|wx|",
+        snprintf(name, sizeof name, "gpu prefill product %s vs matmul_c (6 shapes, bias, accumulate, tiles cut between blocks): |d|/sum|wx|",
                  type_name(type));
         snprintf(name2, sizeof name2, "gpu prefill product %s vs fp32 operands%s: |d|/sum|wx|", type_name(type),
                  is_float_weight(type) ? "" : " (fp16 rounding)");
@@ -1942,7 +1942,7 @@ static void test_gpu_matmul(void) {
             memset(&s, 0, sizeof s);
             s.wscratch_elems = (size_t)n_in * 50; // several slices for the types without planes
             CUDA_CHECK(cudaMalloc(&s.wscratch, s.wscratch_elems * 2));
-            s.part_elems = (size_t)1 << 20;
+            s.part_elems = 2 * MM_SLOT * (size_t)mm_resident(-1); // the engine's grid: tiles cut between blocks
             CUDA_CHECK(cudaMalloc(&s.bpart, s.part_elems * 4));
             ActH a = {(__half *)dcopy(X, (size_t)T * n_in * 2), (float *)dcopy(xs, T * 4), n_in,
                       (float *)dcopy(x, (size_t)T * n_in * 4)};
