@@ -2405,6 +2405,7 @@ __global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: p
 // the last, and the R rows share the loads of q and k (a prompt uses R = 4, a single token R = 1 to
 // spread over more SMs). Grid (Hv, S / (GDN_ROWS * R)). Per token and row:
 //   M = M * exp(g);  delta_j = beta * (v_j - M_j . k);  M_j += delta_j k;  o_j = M_j . q / sqrt(S)
+// (o_j through M_j . q before the update, below: one warp reduction per token instead of two).
 // C twin: gdn_step_c.
 #define GDN_ROWS 4 // warps per block
 template <int NT, int R>
@@ -2447,30 +2448,34 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
         for (int r = 0; r < R; r++) vv[r] = vn[r];
         float decay = __expf(gn), beta = bn;
         if (tok + 1 < T) fetch(tok + 1);
-        float kv[R], oq[R];
+        // one reduction per token: with M' = M * decay, the update M' + delta k^T gives
+        //   o_j = (M'_j + delta_j k) . q = M'_j . q + delta_j (k . q)
+        // so M'_j . k, M'_j . q and k . q are summed over the warp together, before the update
+        float red[2 * R + 1], oq[R]; // M'_j . k (r), M'_j . q (R + r), k . q (2R)
+        red[2 * R] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NT; t++) red[2 * R] += kk[t] * qq[t];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            kv[r] = 0.0f;
+            red[r] = red[R + r] = 0.0f;
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 m[r][t] *= decay;
-                kv[r] += m[r][t] * kk[t];
+                red[r] += m[r][t] * kk[t];
+                red[R + r] += m[r][t] * qq[t];
             }
         }
 #pragma unroll
-        for (int r = 0; r < R; r++) kv[r] = warp_sum(kv[r]);
+        for (int off = WARP / 2; off > 0; off /= 2) // the 2R + 1 butterflies side by side
+#pragma unroll
+            for (int i = 0; i < 2 * R + 1; i++) red[i] += __shfl_xor_sync(0xffffffffu, red[i], off);
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float delta = beta * (vv[r] - kv[r]);
-            oq[r] = 0.0f;
+            float delta = beta * (vv[r] - red[r]);
+            oq[r] = red[R + r] + delta * red[2 * R];
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
-                m[r][t] += delta * kk[t];
-                oq[r] += m[r][t] * qq[t];
-            }
+            for (int t = 0; t < NT; t++) m[r][t] += delta * kk[t];
         }
-#pragma unroll
-        for (int r = 0; r < R; r++) oq[r] = warp_sum(oq[r]);
         if (lane < R) { // lane r writes row r (a register array indexed by a constant in each branch)
 #pragma unroll
             for (int r = 0; r < R; r++)
