@@ -1254,6 +1254,44 @@ static void attention_c(float *out /* (n_head, hd) */, const float *q /* (n_head
     }
 }
 
+// C twin of attention_prefill_kernel for the query at position pos: attention_c's math with the
+// kernel's two fp16 roundings, q / sqrt(hd) and the probabilities p = fp16(exp(s - max)) (l = sum p),
+// sums in double. mag (n_head, hd), if not NULL, gets sum_t p_t |v_t| / l: the size of the terms,
+// the scale to compare outputs against.
+static void attention_prefill_c(float *out /* (n_head, hd) */, float *mag, const float *q /* (n_head, hd) */,
+                                const float *kc /* (n_ctx, n_kv, hd) */, const float *vc /* (n_ctx, n_kv, hd) */,
+                                float *att /* (pos+1) */, int n_head, int n_kv, int hd, int pos) {
+    int g = n_head / n_kv;
+    float scale = 1.0f / sqrtf((float)hd);
+    for (int h = 0; h < n_head; h++) {
+        const float *qh = q + (size_t)h * hd;
+        int kvh = h / g;
+        float mx = -INFINITY;
+        for (int t = 0; t <= pos; t++) {
+            const float *kt = kc + ((size_t)t * n_kv + kvh) * hd;
+            double s = 0.0;
+            for (int i = 0; i < hd; i++) s += (double)__half2float(__float2half(qh[i] * scale)) * kt[i];
+            att[t] = (float)s;
+            if (att[t] > mx) mx = att[t];
+        }
+        double l = 0.0;
+        for (int t = 0; t <= pos; t++) {
+            att[t] = __half2float(__float2half(expf(att[t] - mx)));
+            l += att[t];
+        }
+        for (int i = 0; i < hd; i++) {
+            double o = 0.0, a = 0.0;
+            for (int t = 0; t <= pos; t++) {
+                float v = vc[((size_t)t * n_kv + kvh) * hd + i];
+                o += (double)att[t] * v;
+                a += (double)att[t] * fabsf(v);
+            }
+            out[(size_t)h * hd + i] = (float)(o / l);
+            if (mag) mag[(size_t)h * hd + i] = (float)(a / l);
+        }
+    }
+}
+
 static float sigmoid_c(float x) { return 1.0f / (1.0f + expf(-x)); }
 static float softplus_c(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
 
@@ -1720,20 +1758,6 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src, uint8
         memcpy(dst + 16 * NB + 8 * blk, &b->d, 2);
         memcpy(dst + 16 * NB + 8 * blk + 2, &b->scales_h, 2);
         memcpy(dst + 16 * NB + 8 * blk + 4, b->scales_l, 4);
-    } else if (type == GGML_TYPE_Q5_K) {
-        const block_q5_K *b = (const block_q5_K *)src;
-        for (int sub = 0; sub < 8; sub++) {
-            size_t g = 8 * blk + sub;
-            int c = sub / 2, shift = 4 * (sub % 2);
-            uint32_t qh = 0;
-            for (int j = 0; j < 16; j++) {
-                int lo = (b->qs[32 * c + j] >> shift) & 0xf, hi = (b->qs[32 * c + 16 + j] >> shift) & 0xf;
-                dst[16 * g + j] = (uint8_t)(lo | (hi << 4));
-            }
-            for (int e = 0; e < 32; e++) qh |= (uint32_t)((b->qh[e] >> sub) & 1) << e;
-            memcpy(dst + 16 * NB + 4 * g, &qh, 4);
-        }
-        memcpy(dst + 20 * NB + 16 * blk, b, 16); // d, dmin, scales[12]
     } else if (type == GGML_TYPE_Q6_K) {
         const block_q6_K *b = (const block_q6_K *)src;
         for (int sub = 0; sub < 8; sub++) {
@@ -2708,8 +2732,10 @@ __host__ __device__ static float row_scale(float amax) {
 // multiply (or fma) by the sub-block scale rounded to fp16: one rounding, as in the twin.
 //   Q4_0:   c = q,          w = (c - 8) * d                       (d is fp16 already: the exact value)
 //   IQ4_XS: c = kvalue + 128, w = (c - 128) * fp16(d * (ls - 32))
-//   Q5_K:   c = q (5 bits), w = c * fp16(d * sc) - fp16(dmin * m)  (an fma: one rounding)
 //   Q6_K:   c = q (6 bits), w = (c - 32) * fp16(d * sc)
+// Q5_K stays in fp32 (the same trick under the exponent of 2^23, then w = q * d*sc - dmin*m in one
+// fma and one rounding to fp16): its min term is shared by the sub-block's 32 weights, and rounding
+// it to fp16 first measured 3x the KL of the fp32 decode on the small model (1.5e-3).
 
 typedef struct { uint4 q, e, f, g; } WRaw; // q: quants (F16: all four are values), e: scales
 
@@ -2801,17 +2827,23 @@ template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t
 // 4 bits t to bit 4 of bytes 0..3 (bit i of t -> byte i): t * (1 + 2^7 + 2^14 + 2^21) puts bit i at 8i
 __device__ __forceinline__ uint32_t spread4(uint32_t t) { return ((t * 0x00204081u) & 0x01010101u) << 4; }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_K>(const WRaw &r, __half *out) {
-    __half2 dsc = __float2half2_rn(__uint_as_float(r.e.y)), dmm = __float2half2_rn(-__uint_as_float(r.e.z));
-    __half2 off = __float2half2_rn(1024.0f), *o = (__half2 *)out;
+    float dsc = __uint_as_float(r.e.y), dmm = __uint_as_float(r.e.z);
+    __half2 *o = (__half2 *)out;
     const uint32_t *qw = (const uint32_t *)&r.q;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         uint32_t lo = (qw[k] & 0x0f0f0f0f) | spread4((r.e.x >> (4 * k)) & 0xf);
         uint32_t hi = ((qw[k] >> 4) & 0x0f0f0f0f) | spread4((r.e.x >> (16 + 4 * k)) & 0xf);
-        o[2 * k] = __hfma2(small_ints_h2(lo, 0x5140, off), dsc, dmm);
-        o[2 * k + 1] = __hfma2(small_ints_h2(lo, 0x5342, off), dsc, dmm);
-        o[8 + 2 * k] = __hfma2(small_ints_h2(hi, 0x5140, off), dsc, dmm);
-        o[8 + 2 * k + 1] = __hfma2(small_ints_h2(hi, 0x5342, off), dsc, dmm);
+        float w[8];
+#pragma unroll
+        for (int b = 0; b < 4; b++) { // fp32: byte b under the exponent of 2^23 (ulp 1), then one fma
+            w[b] = fmaf(__uint_as_float((uint32_t)prmt((int)lo, 0x4b000000, 0x7540 + b)) - 8388608.0f, dsc, -dmm);
+            w[4 + b] = fmaf(__uint_as_float((uint32_t)prmt((int)hi, 0x4b000000, 0x7540 + b)) - 8388608.0f, dsc, -dmm);
+        }
+        o[2 * k] = __floats2half2_rn(w[0], w[1]);
+        o[2 * k + 1] = __floats2half2_rn(w[2], w[3]);
+        o[8 + 2 * k] = __floats2half2_rn(w[4], w[5]);
+        o[8 + 2 * k + 1] = __floats2half2_rn(w[6], w[7]);
     }
 }
 
@@ -3034,11 +3066,10 @@ __global__ void matmul_fixup_kernel(float *y, int ldy, const float *part, int G,
 static int is_float_weight(int type) { return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16; }
 
 // The weights of one row as matmul_kernel's tiles hold them (fp16 values, as floats): the dequantized
-// value rounded to fp16, where IQ4_XS, Q5_K and Q6_K first round their sub-block scales to fp16
-// (the pairwise decode of w_decode; the integer times the scale is exact in fp32, so each weight is
+// value rounded to fp16, where IQ4_XS and Q6_K first round their sub-block scales to fp16 (the
+// pairwise decode of w_decode; the integer times the scale is exact in fp32, so each weight is
 // rounded once more, to fp16, as on the GPU):
-//   IQ4_XS: fp16(fp16(d * (ls - 32)) * kvalue)   Q5_K: fp16(q * fp16(d * sc) - fp16(dmin * m))
-//   Q6_K:   fp16(fp16(d * sc) * (q - 32))
+//   IQ4_XS: fp16(fp16(d * (ls - 32)) * kvalue)   Q6_K: fp16(fp16(d * sc) * (q - 32))
 static float f16r(float v) { return __half2float(__float2half(v)); }
 static void mm_weight_row(int type, const uint8_t *src, float *w, int n_in) {
     int nb = n_in / 256;
@@ -3212,113 +3243,142 @@ __global__ void __launch_bounds__(ROW_THREADS) silu_mul_rows_kernel(ActH out, co
 
 // --- causal attention over the batch ---------------------------------------------------------------
 // Query t of the batch (position pos0 + t) attends to cache positions 0 .. pos0 + t; the batch's own
-// keys and values are already in the cache (rope_and_kv_store_kernel over all rows). Block (query
-// tile of PF_TQ tokens, query head h): each of its 4 warps owns 8 queries, the lanes take one key
-// each for the scores and hd/32 output dims each for the weighted sum of V. Keys come in chunks of
-// 32 staged in shared memory (K rows padded to an odd number of words: conflict-free reads) and are
-// folded in with the online softmax: per query, running max m, sum l and output o,
-//   m' = max(m, max_k s_k),  l = l e^(m - m') + sum_k e^(s_k - m'),  o = o e^(m - m') + sum_k e^(s_k - m') v_k.
-// The output is the fp16 input row of Wo; it needs no scaling: a convex combination of fp16 cache
-// values (times a sigmoid gate for qwen35) is inside fp16's range. C twin: attention_c per query.
-#define PF_TQ 32
-#define PF_QPW 8 // queries per warp
-#define PF_MAX_D 8 // head_dim <= 256: output dims per lane
-static size_t pf_att_smem(int hd) { return (size_t)PF_TQ * hd * 4 + (size_t)32 * (hd + 2) * 2 + (size_t)32 * hd * 2; }
-__global__ void __launch_bounds__(128)
+// keys and values are already in the cache (rope_and_kv_store_kernel over all rows). Block: a tile
+// of PA_TQ = 64 queries of one head, 8 warps; the products run on the tensor cores (WMMA, fp16
+// operands, fp32 sums) over chunks of keys staged in shared memory (64 keys, 32 when hd > 128):
+//   S = Q K^T          (Q = q / sqrt(hd) rounded to fp16; 4 groups of 16 queries x key tiles of 16)
+//   P = fp16(exp(S - m)),  l = sum_k P,  O = P V   (warp w: queries 16 (w % 4).., half w / 4 of hd)
+//   out = O / l (times the sigmoid gate for qwen35)
+// The softmax takes two passes over the keys: the first finds each row's maximum m, the second
+// computes P and O with that final m, so O stays in the tensor cores' accumulators and never needs
+// rescaling (WMMA's fragment layout is opaque); the second pass recomputes S, which is cheap on the
+// tensor cores. Keys past the last visible one are zeros in shared memory (the cache beyond is not
+// initialized: 0 * nan would poison O). The output is the fp16 input row of Wo; it needs no scaling:
+// a convex combination of fp16 cache values (times a gate) is inside fp16's range.
+// C twin: attention_prefill_c per query (the same fp16 roundings; attention_c is the exact math).
+#define PA_TQ 64
+#define PA_THREADS 256
+__host__ __device__ static inline int pa_tk(int hd) { return hd > 128 ? 32 : 64; } // keys per chunk
+// shared memory: Q (PA_TQ, hd+8) and K, V (tk, hd+8) halves, S (PA_TQ, tk+4) floats, P (PA_TQ, tk+8)
+// halves, m and l (PA_TQ) floats
+static size_t pa_smem(int hd) {
+    int tk = pa_tk(hd);
+    return (size_t)(PA_TQ + 2 * tk) * (hd + 8) * 2 + (size_t)PA_TQ * (tk + 4) * 4 + (size_t)PA_TQ * (tk + 8) * 2 +
+           2 * PA_TQ * 4;
+}
+__global__ void __launch_bounds__(PA_THREADS)
 attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
                          const __half *kc,  // (n_ctx, n_kv, hd) this layer's caches
                          const __half *vc,
                          ActH out,          // (T, n_head*hd)
                          const float *gate, // qwen35: row t head h at gate + t*gate_row + h*2*hd, or NULL
                          int gate_row, int pos0, int T, int n_head, int n_kv, int hd) {
-    extern __shared__ float pf_smem[];
-    int h = blockIdx.y, j = h / (n_head / n_kv), tq0 = blockIdx.x * PF_TQ;
+    using namespace nvcuda;
+    extern __shared__ __align__(32) uint8_t pa_sm[];
+    int tk = pa_tk(hd), ld = hd + 8, lds = tk + 4, ldp = tk + 8;
+    __half *Qs = (__half *)pa_sm, *Ks = Qs + PA_TQ * ld, *Vs = Ks + tk * ld; // (PA_TQ | tk | tk, ld)
+    float *Ss = (float *)(Vs + tk * ld);                                     // (PA_TQ, lds)
+    __half *Ps = (__half *)(Ss + PA_TQ * lds);                               // (PA_TQ, ldp)
+    float *ms = (float *)(Ps + PA_TQ * ldp), *ls = ms + PA_TQ;               // (PA_TQ) each
+    int h = blockIdx.y, j = h / (n_head / n_kv), tq0 = blockIdx.x * PA_TQ;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    float *qs = pf_smem;                                   // (PF_TQ, hd) queries / sqrt(hd)
-    __half *ks = (__half *)(qs + PF_TQ * hd);              // (32, hd + 2)
-    __half *vs = ks + 32 * (hd + 2);                       // (32, hd)
     float scale = rsqrtf((float)hd);
-    for (int i = threadIdx.x; i < PF_TQ * hd; i += blockDim.x) {
-        int t = tq0 + i / hd;
-        qs[i] = t < T ? q[((size_t)t * n_head + h) * hd + i % hd] * scale : 0.0f;
+    for (int i = threadIdx.x; i < PA_TQ * hd; i += PA_THREADS) { // Q tile; rows past T are zeros
+        int r = i / hd, d = i % hd, t = tq0 + r;
+        Qs[r * ld + d] = __float2half(t < T ? q[((size_t)t * n_head + h) * hd + d] * scale : 0.0f);
     }
-    int nd = hd / WARP;
-    float m[PF_QPW], l[PF_QPW], o[PF_QPW][PF_MAX_D];
+    if (threadIdx.x < PA_TQ) { ms[threadIdx.x] = -INFINITY; ls[threadIdx.x] = 0.0f; }
+    int last_key = pos0 + min(tq0 + PA_TQ, T) - 1; // the block's last visible key
+    // the softmax rows: 4 threads per query row, tk/4 keys each
+    int sr = threadIdx.x / 4, sp = threadIdx.x % 4, st = tq0 + sr;
+    int qg = warp % 4, dh = warp / 4, nf = hd / 32; // PV: queries 16 qg.., dims dh*hd/2.. in nf tiles
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[8];
 #pragma unroll
-    for (int i = 0; i < PF_QPW; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
+    for (int f = 0; f < 8; f++) wmma::fill_fragment(o[f], 0.0f);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k0 = 0; k0 <= last_key; k0 += tk) {
+            __syncthreads(); // the previous chunk is consumed (the first time: Q, m, l are written)
+            for (int i = threadIdx.x; i < tk * hd / 8; i += PA_THREADS) { // K (and V) chunk, 16 bytes each
+                int r = i / (hd / 8), c = i % (hd / 8), key = k0 + r;
+                uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+                if (key <= last_key) {
+                    size_t src = ((size_t)key * n_kv + j) * hd + 8 * c;
+                    kv = *(const uint4 *)(kc + src);
+                    if (pass) vv = *(const uint4 *)(vc + src);
+                }
+                *(uint4 *)(Ks + r * ld + 8 * c) = kv;
+                if (pass) *(uint4 *)(Vs + r * ld + 8 * c) = vv;
+            }
+            __syncthreads();
+            for (int tile = warp; tile < 4 * (tk / 16); tile += PA_THREADS / WARP) { // S = Q K^T
+                int g = tile / (tk / 16), kt = tile % (tk / 16);
+                wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
+                wmma::fill_fragment(s, 0.0f);
+                for (int d = 0; d < hd; d += 16) {
+                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+                    wmma::load_matrix_sync(a, Qs + 16 * g * ld + d, ld);
+                    wmma::load_matrix_sync(b, Ks + 16 * kt * ld + d, ld);
+                    wmma::mma_sync(s, a, b, s);
+                }
+                wmma::store_matrix_sync(Ss + 16 * g * lds + 16 * kt, s, lds, wmma::mem_row_major);
+            }
+            __syncthreads();
+            // softmax rows: pass 0 the running maximum, pass 1 P and its sum
+            float mx = -INFINITY, sum = 0.0f, m = ms[sr];
+            for (int c = sp; c < tk; c += 4) {
+                int key = k0 + c;
+                int visible = st < T && key <= pos0 + st;
+                float s = Ss[sr * lds + c];
+                if (pass == 0) {
+                    if (visible) mx = fmaxf(mx, s);
+                } else {
+                    __half p = __float2half(visible ? __expf(s - m) : 0.0f);
+                    Ps[sr * ldp + c] = p;
+                    sum += __half2float(p);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (sp == 0) {
+                if (pass == 0) ms[sr] = fmaxf(m, mx);
+                else ls[sr] += sum;
+            }
+            if (pass == 0) continue;
+            __syncthreads();
+            for (int ks = 0; ks < tk; ks += 16) { // O += P V
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::load_matrix_sync(a, Ps + 16 * qg * ldp + ks, ldp);
 #pragma unroll
-        for (int d = 0; d < PF_MAX_D; d++) o[i][d] = 0.0f;
-    }
-    int qw0 = tq0 + warp * PF_QPW;                      // this warp's first query (batch row)
-    int last_key = pos0 + min(tq0 + PF_TQ, T) - 1;      // the block's last visible key
-    for (int k0 = 0; k0 <= last_key; k0 += 32) {
-        __syncthreads(); // the previous chunk is consumed (and, the first time, qs is written)
-        int nk = min(32, last_key + 1 - k0);
-        for (int i = threadIdx.x; i < nk * hd / 2; i += blockDim.x) {
-            int r = i / (hd / 2), c = i % (hd / 2);
-            size_t src = ((size_t)(k0 + r) * n_kv + j) * hd + 2 * c;
-            ((__half2 *)(ks + r * (hd + 2)))[c] = *(const __half2 *)(kc + src);
-            ((__half2 *)(vs + r * hd))[c] = *(const __half2 *)(vc + src);
-        }
-        __syncthreads();
-        if (qw0 >= T || k0 > pos0 + qw0 + PF_QPW - 1) continue; // nothing visible to this warp
-        // scores: lane = key k0 + lane, for the warp's 8 queries
-        float sc[PF_QPW];
-#pragma unroll
-        for (int i = 0; i < PF_QPW; i++) sc[i] = 0.0f;
-        const __half2 *kr = (const __half2 *)(ks + lane * (hd + 2));
-        for (int d = 0; d < hd / 2; d++) {
-            float2 kv = __half22float2(kr[d]);
-#pragma unroll
-            for (int i = 0; i < PF_QPW; i++) {
-                float2 qv = *(const float2 *)(qs + (warp * PF_QPW + i) * hd + 2 * d);
-                sc[i] += qv.x * kv.x + qv.y * kv.y;
+                for (int f = 0; f < 8; f++) {
+                    if (f >= nf) break;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+                    wmma::load_matrix_sync(b, Vs + ks * ld + dh * hd / 2 + 16 * f, ld);
+                    wmma::mma_sync(o[f], a, b, o[f]);
+                }
             }
         }
-        float p[PF_QPW];
-#pragma unroll
-        for (int i = 0; i < PF_QPW; i++) {
-            int visible = lane < nk && k0 + lane <= pos0 + qw0 + i;
-            float s = visible ? sc[i] : -INFINITY;
-            float mn = fmaxf(m[i], warp_max(s));
-            if (mn == -INFINITY) { p[i] = 0.0f; continue; } // no key visible yet (rows past T)
-            float alpha = __expf(m[i] - mn);
-            p[i] = visible ? __expf(s - mn) : 0.0f;
-            l[i] = l[i] * alpha + warp_sum(p[i]);
-            m[i] = mn;
-#pragma unroll
-            for (int d = 0; d < PF_MAX_D; d++) o[i][d] *= alpha;
-        }
-        for (int k = 0; k < nk; k++) {
-            float pk[PF_QPW];
-#pragma unroll
-            for (int i = 0; i < PF_QPW; i++) pk[i] = __shfl_sync(0xffffffffu, p[i], k);
-#pragma unroll
-            for (int d = 0; d < PF_MAX_D; d++) {
-                if (d >= nd) break;
-                float v = __half2float(vs[k * hd + lane + WARP * d]);
-#pragma unroll
-                for (int i = 0; i < PF_QPW; i++) o[i][d] += pk[i] * v;
-            }
-        }
     }
+    __syncthreads(); // S is free: each warp's 16x16 patch for the epilogue
+    float *patch = Ss + warp * 256;
 #pragma unroll
-    for (int i = 0; i < PF_QPW; i++) {
-        int t = qw0 + i;
-        if (t >= T) break;
-#pragma unroll
-        for (int d = 0; d < PF_MAX_D; d++) {
-            if (d >= nd) break;
-            int dim = lane + WARP * d;
-            float v = o[i][d] / l[i];
+    for (int f = 0; f < 8; f++) {
+        if (f >= nf) break;
+        wmma::store_matrix_sync(patch, o[f], 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += WARP) {
+            int r = 16 * qg + e / 16, t = tq0 + r, dim = dh * hd / 2 + 16 * f + e % 16;
+            if (t >= T) continue;
+            float v = patch[e] / ls[r];
             if (gate) v /= 1.0f + __expf(-gate[(size_t)t * gate_row + (size_t)h * 2 * hd + dim]);
             out.h[(size_t)t * out.ld + (size_t)h * hd + dim] = __float2half(v);
             if (out.f) out.f[(size_t)t * out.ld + (size_t)h * hd + dim] = v;
         }
-        if (h == 0 && lane == 0) out.s[t] = 1.0f;
+        __syncwarp();
     }
+    if (h == 0 && threadIdx.x < PA_TQ && tq0 + threadIdx.x < T) out.s[tq0 + threadIdx.x] = 1.0f;
 }
 
 // --- Gated DeltaNet over the batch -------------------------------------------------------------------
@@ -3896,9 +3956,9 @@ static void gpu_state_init(GpuState *s, Model *m, int n_ctx) {
     if (s->n_batch) {
         CUDA_CHECK(cudaMallocHost((void **)&s->h_bx, (size_t)s->n_batch * c->n_embd * 4));
         CUDA_CHECK(cudaMallocHost((void **)&s->h_blogits, (size_t)s->n_logit_rows * c->n_vocab * 4));
-        if (pf_att_smem(c->head_dim) > 48 * 1024)
+        if (pa_smem(c->head_dim) > 48 * 1024)
             CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)pf_att_smem(c->head_dim)));
+                                            (int)pa_smem(c->head_dim)));
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
 }
@@ -4142,8 +4202,8 @@ static void attention_batch_gpu(const Model *m, GpuState *s, int l, int T, int p
     PROF("rope_kv_store", 0, (rope_and_kv_store_kernel<<<dim3(c->n_head + c->n_head_kv, T), 128, hd * 4, st>>>(
              s->bq, qsrc, gated ? 2 * hd : hd, s->bk, s->bv, DEV(L->q_norm), DEV(L->k_norm), kc, vc, s->pos, c->n_head,
              c->n_head_kv, hd, c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
-    dim3 grid((T + PF_TQ - 1) / PF_TQ, c->n_head);
-    PROF("attention", 0, (attention_prefill_kernel<<<grid, 128, pf_att_smem(hd), st>>>(
+    dim3 grid((T + PA_TQ - 1) / PA_TQ, c->n_head);
+    PROF("attention", 0, (attention_prefill_kernel<<<grid, PA_THREADS, pa_smem(hd), st>>>(
              s->bq, kc, vc, s->bxh, gated ? s->bqg + hd : NULL, 2 * qdim, pos0, T, c->n_head, c->n_head_kv, hd),
                           KERNEL_CHECK()));
     PROF("attn_output", L->wo.nbytes, matmul(&L->wo, &s->bxh, T, s->bx, c->n_embd, NULL, 1, s));
