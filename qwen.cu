@@ -2430,6 +2430,9 @@ __global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: p
 // spread over more SMs). Grid (Hv, S / (GDN_ROWS * R)). Per token and row:
 //   M = M * exp(g);  delta_j = beta * (v_j - M_j . k);  M_j += delta_j k;  o_j = M_j . q / sqrt(S)
 // (o_j through M_j . q before the update, below: one warp reduction per token instead of two).
+// The block stages q, k, its v values, g and beta of 32 tokens at a time (16 when S > 128) in shared
+// memory, all their loads in flight together: a prompt waits for one load per 32 tokens, not one per
+// token (each token's arithmetic is far shorter than a trip to L2).
 // C twin: gdn_step_c.
 #define GDN_ROWS 4 // warps per block
 template <int NT, int R>
@@ -2439,39 +2442,45 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
                 const float *gb,   // (T, 2, Hv) g, beta
                 float *o,          // (T, Hv, S) out
                 int S, int Hk, int Hv, int T) {
-    int hv = blockIdx.x, hk = hv % Hk, lane = threadIdx.x % WARP;
-    int j0 = (blockIdx.y * GDN_ROWS + threadIdx.x / WARP) * R; // this warp's rows j0 .. j0+R-1
-    if (j0 >= S) return;
+    constexpr int TC = NT <= 4 ? 32 : 16; // tokens staged in shared memory at a time (32 KB of q, k)
+    __shared__ float sq[TC][WARP * NT], sk[TC][WARP * NT], sv[TC][GDN_ROWS * R], sg[TC], sbeta[TC];
+    int hv = blockIdx.x, hk = hv % Hk, lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
+    int jb = blockIdx.y * GDN_ROWS * R, j0 = jb + w * R; // the block's rows jb.., this warp's j0 .. j0+R-1
+    int active = j0 < S;
     size_t conv_dim = (size_t)(2 * Hk + Hv) * S;
     float m[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int t = 0; t < NT; t++) m[r][t] = state[((size_t)hv * S + j0 + r) * S + lane + WARP * t];
-    // the next token's q, k, v, g, beta are loaded while the current one is worked on
-    float qn[NT], kn[NT], vn[R], gn = 0.0f, bn = 0.0f;
-    auto fetch = [&](int tok) {
-        const float *x = qkv + tok * conv_dim;
-        const float *q = x + (size_t)hk * S, *k = x + (size_t)(Hk + hk) * S;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            qn[t] = q[lane + WARP * t];
-            kn[t] = k[lane + WARP * t];
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) vn[r] = x[(size_t)(2 * Hk + hv) * S + j0 + r];
-        gn = gb[(size_t)tok * 2 * Hv + hv];
-        bn = gb[(size_t)tok * 2 * Hv + Hv + hv];
-    };
-    fetch(0);
+        for (int t = 0; t < NT; t++) m[r][t] = active ? state[((size_t)hv * S + j0 + r) * S + lane + WARP * t] : 0.0f;
     for (int tok = 0; tok < T; tok++) {
+        int c = tok % TC;
+        if (c == 0) { // the next TC tokens' q, k, v, g, beta, every load of the block in flight at once
+            int n = min(TC, T - tok);
+            __syncthreads(); // the previous chunk is consumed
+            for (int i = threadIdx.x; i < n * S; i += blockDim.x) {
+                const float *x = qkv + (tok + i / S) * conv_dim;
+                sq[i / S][i % S] = x[(size_t)hk * S + i % S];
+                sk[i / S][i % S] = x[(size_t)(Hk + hk) * S + i % S];
+            }
+            for (int i = threadIdx.x; i < n * GDN_ROWS * R; i += blockDim.x) {
+                int tt = i / (GDN_ROWS * R), r = i % (GDN_ROWS * R);
+                sv[tt][r] = jb + r < S ? qkv[(tok + tt) * conv_dim + (size_t)(2 * Hk + hv) * S + jb + r] : 0.0f;
+            }
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                sg[i] = gb[(size_t)(tok + i) * 2 * Hv + hv];
+                sbeta[i] = gb[(size_t)(tok + i) * 2 * Hv + Hv + hv];
+            }
+            __syncthreads();
+        }
+        if (!active) continue;
         float qq[NT], kk[NT], vv[R];
 #pragma unroll
-        for (int t = 0; t < NT; t++) { qq[t] = qn[t]; kk[t] = kn[t]; }
+        for (int t = 0; t < NT; t++) { qq[t] = sq[c][lane + WARP * t]; kk[t] = sk[c][lane + WARP * t]; }
 #pragma unroll
-        for (int r = 0; r < R; r++) vv[r] = vn[r];
+        for (int r = 0; r < R; r++) vv[r] = sv[c][w * R + r];
+        float gn = sg[c], bn = sbeta[c];
         float decay = __expf(gn), beta = bn;
-        if (tok + 1 < T) fetch(tok + 1);
         // one reduction per token: with M' = M * decay, the update M' + delta k^T gives
         //   o_j = (M'_j + delta_j k) . q = M'_j . q + delta_j (k . q)
         // so M'_j . k, M'_j . q and k . q are summed over the warp together, before the update
@@ -2506,6 +2515,7 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
                 if (lane == r) o[((size_t)tok * Hv + hv) * S + j0 + r] = oq[r] * rsqrtf((float)S);
         }
     }
+    if (!active) return;
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
