@@ -1758,6 +1758,20 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src, uint8
         memcpy(dst + 16 * NB + 8 * blk, &b->d, 2);
         memcpy(dst + 16 * NB + 8 * blk + 2, &b->scales_h, 2);
         memcpy(dst + 16 * NB + 8 * blk + 4, b->scales_l, 4);
+    } else if (type == GGML_TYPE_Q5_K) {
+        const block_q5_K *b = (const block_q5_K *)src;
+        for (int sub = 0; sub < 8; sub++) {
+            size_t g = 8 * blk + sub;
+            int c = sub / 2, shift = 4 * (sub % 2);
+            uint32_t qh = 0;
+            for (int j = 0; j < 16; j++) {
+                int lo = (b->qs[32 * c + j] >> shift) & 0xf, hi = (b->qs[32 * c + 16 + j] >> shift) & 0xf;
+                dst[16 * g + j] = (uint8_t)(lo | (hi << 4));
+            }
+            for (int e = 0; e < 32; e++) qh |= (uint32_t)((b->qh[e] >> sub) & 1) << e;
+            memcpy(dst + 16 * NB + 4 * g, &qh, 4);
+        }
+        memcpy(dst + 20 * NB + 16 * blk, b, 16); // d, dmin, scales[12]
     } else if (type == GGML_TYPE_Q6_K) {
         const block_q6_K *b = (const block_q6_K *)src;
         for (int sub = 0; sub < 8; sub++) {
@@ -2430,9 +2444,6 @@ __global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: p
 // spread over more SMs). Grid (Hv, S / (GDN_ROWS * R)). Per token and row:
 //   M = M * exp(g);  delta_j = beta * (v_j - M_j . k);  M_j += delta_j k;  o_j = M_j . q / sqrt(S)
 // (o_j through M_j . q before the update, below: one warp reduction per token instead of two).
-// The block stages q, k, its v values, g and beta of 32 tokens at a time (16 when S > 128) in shared
-// memory, all their loads in flight together: a prompt waits for one load per 32 tokens, not one per
-// token (each token's arithmetic is far shorter than a trip to L2).
 // C twin: gdn_step_c.
 #define GDN_ROWS 4 // warps per block
 template <int NT, int R>
@@ -2442,45 +2453,39 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
                 const float *gb,   // (T, 2, Hv) g, beta
                 float *o,          // (T, Hv, S) out
                 int S, int Hk, int Hv, int T) {
-    constexpr int TC = NT <= 4 ? 32 : 16; // tokens staged in shared memory at a time (32 KB of q, k)
-    __shared__ float sq[TC][WARP * NT], sk[TC][WARP * NT], sv[TC][GDN_ROWS * R], sg[TC], sbeta[TC];
-    int hv = blockIdx.x, hk = hv % Hk, lane = threadIdx.x % WARP, w = threadIdx.x / WARP;
-    int jb = blockIdx.y * GDN_ROWS * R, j0 = jb + w * R; // the block's rows jb.., this warp's j0 .. j0+R-1
-    int active = j0 < S;
+    int hv = blockIdx.x, hk = hv % Hk, lane = threadIdx.x % WARP;
+    int j0 = (blockIdx.y * GDN_ROWS + threadIdx.x / WARP) * R; // this warp's rows j0 .. j0+R-1
+    if (j0 >= S) return;
     size_t conv_dim = (size_t)(2 * Hk + Hv) * S;
     float m[R][NT];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int t = 0; t < NT; t++) m[r][t] = active ? state[((size_t)hv * S + j0 + r) * S + lane + WARP * t] : 0.0f;
-    for (int tok = 0; tok < T; tok++) {
-        int c = tok % TC;
-        if (c == 0) { // the next TC tokens' q, k, v, g, beta, every load of the block in flight at once
-            int n = min(TC, T - tok);
-            __syncthreads(); // the previous chunk is consumed
-            for (int i = threadIdx.x; i < n * S; i += blockDim.x) {
-                const float *x = qkv + (tok + i / S) * conv_dim;
-                sq[i / S][i % S] = x[(size_t)hk * S + i % S];
-                sk[i / S][i % S] = x[(size_t)(Hk + hk) * S + i % S];
-            }
-            for (int i = threadIdx.x; i < n * GDN_ROWS * R; i += blockDim.x) {
-                int tt = i / (GDN_ROWS * R), r = i % (GDN_ROWS * R);
-                sv[tt][r] = jb + r < S ? qkv[(tok + tt) * conv_dim + (size_t)(2 * Hk + hv) * S + jb + r] : 0.0f;
-            }
-            for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                sg[i] = gb[(size_t)(tok + i) * 2 * Hv + hv];
-                sbeta[i] = gb[(size_t)(tok + i) * 2 * Hv + Hv + hv];
-            }
-            __syncthreads();
+        for (int t = 0; t < NT; t++) m[r][t] = state[((size_t)hv * S + j0 + r) * S + lane + WARP * t];
+    // the next token's q, k, v, g, beta are loaded while the current one is worked on
+    float qn[NT], kn[NT], vn[R], gn = 0.0f, bn = 0.0f;
+    auto fetch = [&](int tok) {
+        const float *x = qkv + tok * conv_dim;
+        const float *q = x + (size_t)hk * S, *k = x + (size_t)(Hk + hk) * S;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            qn[t] = q[lane + WARP * t];
+            kn[t] = k[lane + WARP * t];
         }
-        if (!active) continue;
+#pragma unroll
+        for (int r = 0; r < R; r++) vn[r] = x[(size_t)(2 * Hk + hv) * S + j0 + r];
+        gn = gb[(size_t)tok * 2 * Hv + hv];
+        bn = gb[(size_t)tok * 2 * Hv + Hv + hv];
+    };
+    fetch(0);
+    for (int tok = 0; tok < T; tok++) {
         float qq[NT], kk[NT], vv[R];
 #pragma unroll
-        for (int t = 0; t < NT; t++) { qq[t] = sq[c][lane + WARP * t]; kk[t] = sk[c][lane + WARP * t]; }
+        for (int t = 0; t < NT; t++) { qq[t] = qn[t]; kk[t] = kn[t]; }
 #pragma unroll
-        for (int r = 0; r < R; r++) vv[r] = sv[c][w * R + r];
-        float gn = sg[c], bn = sbeta[c];
+        for (int r = 0; r < R; r++) vv[r] = vn[r];
         float decay = __expf(gn), beta = bn;
+        if (tok + 1 < T) fetch(tok + 1);
         // one reduction per token: with M' = M * decay, the update M' + delta k^T gives
         //   o_j = (M'_j + delta_j k) . q = M'_j . q + delta_j (k . q)
         // so M'_j . k, M'_j . q and k . q are summed over the warp together, before the update
@@ -2515,7 +2520,6 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
                 if (lane == r) o[((size_t)tok * Hv + hv) * S + j0 + r] = oq[r] * rsqrtf((float)S);
         }
     }
-    if (!active) return;
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -3092,19 +3096,6 @@ static void mm_weight_row(int type, const uint8_t *src, float *w, int n_in) {
                 for (int j = 0; j < 16; j++) {
                     w[256 * i + 32 * ib + j] = f16r(dl * KVALUES_IQ4NL[b->qs[16 * ib + j] & 0xf]);
                     w[256 * i + 32 * ib + 16 + j] = f16r(dl * KVALUES_IQ4NL[b->qs[16 * ib + j] >> 4]);
-                }
-            }
-        }
-    } else if (type == GGML_TYPE_Q5_K) {
-        for (int i = 0; i < nb; i++) {
-            const block_q5_K *b = (const block_q5_K *)src + i;
-            for (int ib = 0; ib < 8; ib++) { // sub-block ib: qs bytes 32 (ib/2).., low nibbles for even ib
-                int sc, m;
-                k_scale_min(ib, b->scales, &sc, &m);
-                float dsc = f16r(fp16_to_f32(b->d) * sc), dmm = f16r(fp16_to_f32(b->dmin) * m);
-                for (int l = 0; l < 32; l++) {
-                    int q = ((b->qs[32 * (ib / 2) + l] >> (4 * (ib % 2))) & 0xf) | (((b->qh[l] >> ib) & 1) << 4);
-                    w[256 * i + 32 * ib + l] = f16r((float)((double)q * dsc - dmm));
                 }
             }
         }
