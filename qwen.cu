@@ -2936,8 +2936,10 @@ __host__ __device__ static inline int mm_owner(long long s, long long total, int
     return (int)(((s + 1) * G - 1) / total);
 }
 
+// Two blocks per SM: at most 128 registers per thread. (A V100 holds one 72 KB block per SM anyway;
+// there the bound costs its native sm_70 code ~100-200 bytes of spills per thread.)
 template <int TYPE>
-__global__ void __launch_bounds__(MM_THREADS, 2) // two blocks per SM: at most 128 registers
+__global__ void __launch_bounds__(MM_THREADS, 2)
 matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n_out, n_in)
               size_t NB,         // sub-blocks in the planes
               ActH x,            // (T, x.ld) input rows
