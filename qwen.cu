@@ -2438,39 +2438,41 @@ __global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: p
     gdn_head_finish(&mixed[c], blockIdx.x, Hk, Hv, beta_raw, alpha_raw, dt_bias, ssm_a, gb, eps);
 }
 
-// The gated delta rule for T consecutive tokens: each warp owns R state rows (value indices j) of one
-// v head; the rows' S floats stay in registers (NT = S/32 per lane and row) from the first token to
-// the last, and the R rows share the loads of q and k (a prompt uses R = 4, a single token R = 1 to
-// spread over more SMs). Grid (Hv, S / (GDN_ROWS * R)). Per token and row:
+// The gated delta rule for T consecutive tokens. A state row (value index j, S floats) is held by L
+// lanes, S/L floats each, in registers from the first token to the last; a warp holds 32/L groups of
+// R rows, and a group's rows share the loads of q and k. Per token and row:
 //   M = M * exp(g);  delta_j = beta * (v_j - M_j . k);  M_j += delta_j k;  o_j = M_j . q / sqrt(S)
-// (o_j through M_j . q before the update, below: one warp reduction per token instead of two).
-// C twin: gdn_step_c.
+// with o_j through M_j . q before the update, so that one reduction over the L lanes per token sums
+// M'_j . k, M'_j . q and k . q together (M' = M exp(g); o_j = M'_j . q + delta_j k . q). A single
+// token uses L = 32, R = 1 (the most blocks); a prompt L = 8 (16 when S > 128), R = 2: the
+// reductions, log2(L) shuffle levels per value, are what a prompt's recurrence waits on.
+// Grid (Hv, S / (GDN_ROWS * 32/L * R)). C twin: gdn_step_c.
 #define GDN_ROWS 4 // warps per block
-template <int NT, int R>
+template <int NT, int R, int L>
 __global__ void __launch_bounds__(GDN_ROWS * WARP)
 gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
                 const float *qkv,  // (T, conv_dim) [q (Hk,S) | k (Hk,S) | v (Hv,S)] after conv and norm
                 const float *gb,   // (T, 2, Hv) g, beta
                 float *o,          // (T, Hv, S) out
                 int S, int Hk, int Hv, int T) {
-    int hv = blockIdx.x, hk = hv % Hk, lane = threadIdx.x % WARP;
-    int j0 = (blockIdx.y * GDN_ROWS + threadIdx.x / WARP) * R; // this warp's rows j0 .. j0+R-1
-    if (j0 >= S) return;
-    size_t conv_dim = (size_t)(2 * Hk + Hv) * S;
-    float m[R][NT];
+    constexpr int C = NT * WARP / L; // columns per lane: lg + L * t, t < C
+    int hv = blockIdx.x, hk = hv % Hk, lane = threadIdx.x % WARP, lg = lane % L;
+    int j0 = ((blockIdx.y * GDN_ROWS + threadIdx.x / WARP) * (WARP / L) + lane / L) * R; // rows j0 .. j0+R-1
+    size_t conv_dim = (size_t)(2 * Hk + Hv) * S; // (the grid covers S rows exactly: no lane idles)
+    float m[R][C];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int t = 0; t < NT; t++) m[r][t] = state[((size_t)hv * S + j0 + r) * S + lane + WARP * t];
+        for (int t = 0; t < C; t++) m[r][t] = state[((size_t)hv * S + j0 + r) * S + lg + L * t];
     // the next token's q, k, v, g, beta are loaded while the current one is worked on
-    float qn[NT], kn[NT], vn[R], gn = 0.0f, bn = 0.0f;
+    float qn[C], kn[C], vn[R], gn = 0.0f, bn = 0.0f;
     auto fetch = [&](int tok) {
         const float *x = qkv + tok * conv_dim;
         const float *q = x + (size_t)hk * S, *k = x + (size_t)(Hk + hk) * S;
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            qn[t] = q[lane + WARP * t];
-            kn[t] = k[lane + WARP * t];
+        for (int t = 0; t < C; t++) {
+            qn[t] = q[lg + L * t];
+            kn[t] = k[lg + L * t];
         }
 #pragma unroll
         for (int r = 0; r < R; r++) vn[r] = x[(size_t)(2 * Hk + hv) * S + j0 + r];
@@ -2479,32 +2481,29 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
     };
     fetch(0);
     for (int tok = 0; tok < T; tok++) {
-        float qq[NT], kk[NT], vv[R];
+        float qq[C], kk[C], vv[R];
 #pragma unroll
-        for (int t = 0; t < NT; t++) { qq[t] = qn[t]; kk[t] = kn[t]; }
+        for (int t = 0; t < C; t++) { qq[t] = qn[t]; kk[t] = kn[t]; }
 #pragma unroll
         for (int r = 0; r < R; r++) vv[r] = vn[r];
         float decay = __expf(gn), beta = bn;
         if (tok + 1 < T) fetch(tok + 1);
-        // one reduction per token: with M' = M * decay, the update M' + delta k^T gives
-        //   o_j = (M'_j + delta_j k) . q = M'_j . q + delta_j (k . q)
-        // so M'_j . k, M'_j . q and k . q are summed over the warp together, before the update
-        float red[2 * R + 1], oq[R]; // M'_j . k (r), M'_j . q (R + r), k . q (2R)
+        float red[2 * R + 1], oq[R]; // M'_j . k (r), M'_j . q (R + r), k . q (2R): this lane's part
         red[2 * R] = 0.0f;
 #pragma unroll
-        for (int t = 0; t < NT; t++) red[2 * R] += kk[t] * qq[t];
+        for (int t = 0; t < C; t++) red[2 * R] += kk[t] * qq[t];
 #pragma unroll
         for (int r = 0; r < R; r++) {
             red[r] = red[R + r] = 0.0f;
 #pragma unroll
-            for (int t = 0; t < NT; t++) {
+            for (int t = 0; t < C; t++) {
                 m[r][t] *= decay;
                 red[r] += m[r][t] * kk[t];
                 red[R + r] += m[r][t] * qq[t];
             }
         }
 #pragma unroll
-        for (int off = WARP / 2; off > 0; off /= 2) // the 2R + 1 butterflies side by side
+        for (int off = L / 2; off > 0; off /= 2) // the 2R + 1 butterflies over the row's L lanes, side by side
 #pragma unroll
             for (int i = 0; i < 2 * R + 1; i++) red[i] += __shfl_xor_sync(0xffffffffu, red[i], off);
 #pragma unroll
@@ -2512,27 +2511,30 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
             float delta = beta * (vv[r] - red[r]);
             oq[r] = red[R + r] + delta * red[2 * R];
 #pragma unroll
-            for (int t = 0; t < NT; t++) m[r][t] += delta * kk[t];
+            for (int t = 0; t < C; t++) m[r][t] += delta * kk[t];
         }
-        if (lane < R) { // lane r writes row r (a register array indexed by a constant in each branch)
+        if (lg < R) { // lane lg = r of the group writes row r (a register array indexed by a constant in each branch)
 #pragma unroll
             for (int r = 0; r < R; r++)
-                if (lane == r) o[((size_t)tok * Hv + hv) * S + j0 + r] = oq[r] * rsqrtf((float)S);
+                if (lg == r) o[((size_t)tok * Hv + hv) * S + j0 + r] = oq[r] * rsqrtf((float)S);
         }
     }
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int t = 0; t < NT; t++) state[((size_t)hv * S + j0 + r) * S + lane + WARP * t] = m[r][t];
+        for (int t = 0; t < C; t++) state[((size_t)hv * S + j0 + r) * S + lg + L * t] = m[r][t];
 }
 
-// Launch gdn_step_kernel with NT = S/32 (S a multiple of 32 up to 256, checked when the model is read).
+// Launch gdn_step_kernel with NT = S/32 (S a multiple of 32 up to 256, checked when the model is read):
+// a prompt with 8 lanes per row (16 when S > 128) and 2 rows per group, a single token with 32 and 1.
 static void gdn_step(float *state, const float *qkv, const float *gb, float *o, int S, int Hk, int Hv, int T,
                      cudaStream_t st) {
-    int R = T > 1 && S % (4 * GDN_ROWS) == 0 ? 4 : 1;
-    dim3 grid(Hv, S / (GDN_ROWS * R));
-#define STEP(NT) (R == 4 ? gdn_step_kernel<NT, 4><<<grid, GDN_ROWS * WARP, 0, st>>>(state, qkv, gb, o, S, Hk, Hv, T) \
-                         : gdn_step_kernel<NT, 1><<<grid, GDN_ROWS * WARP, 0, st>>>(state, qkv, gb, o, S, Hk, Hv, T))
+    int L = T == 1 ? 32 : S > 128 ? 16 : 8, R = T == 1 ? 1 : 2;
+    dim3 grid(Hv, S / (GDN_ROWS * (WARP / L) * R));
+#define STEP(NT)                                                                                               \
+    (L == 32 ? gdn_step_kernel<NT, 1, 32><<<grid, GDN_ROWS * WARP, 0, st>>>(state, qkv, gb, o, S, Hk, Hv, T)      \
+     : L == 16 ? gdn_step_kernel<NT, 2, 16><<<grid, GDN_ROWS * WARP, 0, st>>>(state, qkv, gb, o, S, Hk, Hv, T)    \
+               : gdn_step_kernel<NT, 2, 8><<<grid, GDN_ROWS * WARP, 0, st>>>(state, qkv, gb, o, S, Hk, Hv, T))
     switch (S / 32) {
     case 1: STEP(1); break;
     case 2: STEP(2); break;

@@ -1810,6 +1810,47 @@ static void test_gpu_small_kernels(void) {
         free_hxq(&hz); free_hxq(&gq); free_hxq(&wq); free_xq(h.q); cudaFree(h.f); cudaFree(db);
     }
 }
+// The delta rule over T rows in one launch (a prompt's layout: 8 or 16 lanes per state row, 2 rows
+// per lane group) against gdn_step_c token by token: every output row and the final state.
+static void test_gpu_deltanet_rows(void) {
+    const int cfgs[3][3] = {{64, 2, 4}, {128, 4, 12}, {160, 1, 2}}; // S, Hk, Hv (160: 16 lanes per row)
+    for (int ci = 0; ci < 3; ci++) {
+        int S = cfgs[ci][0], Hk = cfgs[ci][1], Hv = cfgs[ci][2], conv_dim = (2 * Hk + Hv) * S, T = 7;
+        char name[160];
+        snprintf(name, sizeof name, "gpu gdn_step over %d rows at once (S=%d) vs gdn_step_c per row: outputs and state", T, S);
+        if (!HAVE_GPU) { skip(name, "no GPU"); continue; }
+        float *x = (float *)xmalloc((size_t)T * conv_dim * 4), *gb = (float *)xmalloc((size_t)T * 2 * Hv * 4);
+        float *M = (float *)xmalloc((size_t)Hv * S * S * 4), *Mg = (float *)xmalloc((size_t)Hv * S * S * 4);
+        float *o = (float *)xmalloc((size_t)T * Hv * S * 4), *og = (float *)xmalloc((size_t)T * Hv * S * 4);
+        for (int i = 0; i < T * conv_dim; i++) x[i] = nrand() / sqrtf((float)S); // q, k of about unit length
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < Hv; h++) {
+                gb[(size_t)t * 2 * Hv + h] = -urand();                     // g: log decay
+                gb[(size_t)t * 2 * Hv + Hv + h] = sigmoid_c(nrand());      // beta
+            }
+        for (size_t i = 0; i < (size_t)Hv * S * S; i++) M[i] = nrand() * 0.1f;
+        float *dx = (float *)dcopy(x, (size_t)T * conv_dim * 4), *dgb = (float *)dcopy(gb, (size_t)T * 2 * Hv * 4);
+        float *dM = (float *)dcopy(M, (size_t)Hv * S * S * 4), *dO;
+        CUDA_CHECK(cudaMalloc(&dO, (size_t)T * Hv * S * 4));
+        gdn_step(dM, dx, dgb, dO, S, Hk, Hv, T, 0);
+        KERNEL_CHECK();
+        CUDA_CHECK(cudaMemcpy(og, dO, (size_t)T * Hv * S * 4, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(Mg, dM, (size_t)Hv * S * S * 4, cudaMemcpyDeviceToHost));
+        for (int t = 0; t < T; t++) {
+            const float *y = x + (size_t)t * conv_dim;
+            for (int h = 0; h < Hv; h++)
+                gdn_step_c(M + (size_t)h * S * S, y + (h % Hk) * S, y + (Hk + h % Hk) * S, y + (2 * Hk + h) * S,
+                           gb[(size_t)t * 2 * Hv + h], gb[(size_t)t * 2 * Hv + Hv + h], o + ((size_t)t * Hv + h) * S, S);
+        }
+        double e = 0;
+        for (size_t i = 0; i < (size_t)T * Hv * S; i++) e = fmax(e, fabs(og[i] - o[i]) / (fabs(o[i]) + 1e-2));
+        for (size_t i = 0; i < (size_t)Hv * S * S; i++) e = fmax(e, fabs(Mg[i] - M[i]) / (fabs(M[i]) + 1e-2));
+        report(e <= 1e-4, name, e, 1e-4);
+        cudaFree(dx); cudaFree(dgb); cudaFree(dM); cudaFree(dO);
+        free(x); free(gb); free(M); free(Mg); free(o); free(og);
+    }
+}
+
 // Gated DeltaNet kernels against their C twins, over several tokens so the states carry over
 static void test_gpu_deltanet(void) {
     const int cfgs[2][3] = {{64, 2, 4}, {128, 4, 12}}; // S, Hk, Hv (the tiny fixture; the 27B's S)
@@ -2228,6 +2269,7 @@ int main(int argc, char **argv) {
     test_gpu_qkv_batch();
     test_gpu_small_kernels();
     test_gpu_deltanet();
+    test_gpu_deltanet_rows();
     test_gpu_matmul();
     test_gpu_attention_prefill();
     test_gpu_prefill_rows();
