@@ -1224,9 +1224,13 @@ static float silu_c(float x) { return x / (1.0f + expf(-x)); }
 
 // Causal GQA attention of one token at `pos` over the cached positions 0..pos of one layer:
 //   out[h] = sum_t softmax_t(q[h] . K[t][h/g] / sqrt(head_dim)) V[t][h/g],   g = n_head / n_head_kv
-static void attention_c(float *out /* (n_head, hd) */, const float *q /* (n_head, hd) */,
-                        const float *kc /* (n_ctx, n_kv, hd) */, const float *vc /* (n_ctx, n_kv, hd) */,
-                        float *att /* (pos+1) */, int n_head, int n_kv, int hd, int pos) {
+// fp16 = 1 is the twin of attention_prefill_kernel: the same math with the kernel's two fp16
+// roundings, q / sqrt(hd) and the probabilities p = fp16(exp(s - max)) (l = sum p). Sums in double.
+// mag (n_head, hd), if not NULL, gets sum_t p_t |v_t| / l: the size of the terms, the scale to
+// compare outputs against.
+static void attention_any_c(float *out /* (n_head, hd) */, float *mag, const float *q /* (n_head, hd) */,
+                            const float *kc /* (n_ctx, n_kv, hd) */, const float *vc /* (n_ctx, n_kv, hd) */,
+                            float *att /* (pos+1) */, int n_head, int n_kv, int hd, int pos, int fp16) {
     int g = n_head / n_kv;
     float scale = 1.0f / sqrtf((float)hd);
     for (int h = 0; h < n_head; h++) {
@@ -1236,48 +1240,20 @@ static void attention_c(float *out /* (n_head, hd) */, const float *q /* (n_head
         for (int t = 0; t <= pos; t++) {
             const float *kt = kc + ((size_t)t * n_kv + kvh) * hd;
             double s = 0.0;
-            for (int i = 0; i < hd; i++) s += (double)qh[i] * kt[i];
-            att[t] = (float)s * scale;
+            if (fp16) {
+                for (int i = 0; i < hd; i++) s += (double)__half2float(__float2half(qh[i] * scale)) * kt[i];
+                att[t] = (float)s;
+            } else {
+                for (int i = 0; i < hd; i++) s += (double)qh[i] * kt[i];
+                att[t] = (float)s * scale;
+            }
             if (att[t] > mx) mx = att[t];
         }
         double sum = 0.0;
         for (int t = 0; t <= pos; t++) {
             att[t] = expf(att[t] - mx);
+            if (fp16) att[t] = __half2float(__float2half(att[t]));
             sum += att[t];
-        }
-        float *oh = out + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) {
-            double o = 0.0;
-            for (int t = 0; t <= pos; t++) o += (double)att[t] * vc[((size_t)t * n_kv + kvh) * hd + i];
-            oh[i] = (float)(o / sum);
-        }
-    }
-}
-
-// C twin of attention_prefill_kernel for the query at position pos: attention_c's math with the
-// kernel's two fp16 roundings, q / sqrt(hd) and the probabilities p = fp16(exp(s - max)) (l = sum p),
-// sums in double. mag (n_head, hd), if not NULL, gets sum_t p_t |v_t| / l: the size of the terms,
-// the scale to compare outputs against.
-static void attention_prefill_c(float *out /* (n_head, hd) */, float *mag, const float *q /* (n_head, hd) */,
-                                const float *kc /* (n_ctx, n_kv, hd) */, const float *vc /* (n_ctx, n_kv, hd) */,
-                                float *att /* (pos+1) */, int n_head, int n_kv, int hd, int pos) {
-    int g = n_head / n_kv;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int h = 0; h < n_head; h++) {
-        const float *qh = q + (size_t)h * hd;
-        int kvh = h / g;
-        float mx = -INFINITY;
-        for (int t = 0; t <= pos; t++) {
-            const float *kt = kc + ((size_t)t * n_kv + kvh) * hd;
-            double s = 0.0;
-            for (int i = 0; i < hd; i++) s += (double)__half2float(__float2half(qh[i] * scale)) * kt[i];
-            att[t] = (float)s;
-            if (att[t] > mx) mx = att[t];
-        }
-        double l = 0.0;
-        for (int t = 0; t <= pos; t++) {
-            att[t] = __half2float(__float2half(expf(att[t] - mx)));
-            l += att[t];
         }
         for (int i = 0; i < hd; i++) {
             double o = 0.0, a = 0.0;
@@ -1286,10 +1262,18 @@ static void attention_prefill_c(float *out /* (n_head, hd) */, float *mag, const
                 o += (double)att[t] * v;
                 a += (double)att[t] * fabsf(v);
             }
-            out[(size_t)h * hd + i] = (float)(o / l);
-            if (mag) mag[(size_t)h * hd + i] = (float)(a / l);
+            out[(size_t)h * hd + i] = (float)(o / sum);
+            if (mag) mag[(size_t)h * hd + i] = (float)(a / sum);
         }
     }
+}
+static void attention_c(float *out, const float *q, const float *kc, const float *vc, float *att, int n_head, int n_kv,
+                        int hd, int pos) {
+    attention_any_c(out, NULL, q, kc, vc, att, n_head, n_kv, hd, pos, 0);
+}
+static void attention_prefill_c(float *out, float *mag, const float *q, const float *kc, const float *vc, float *att,
+                                int n_head, int n_kv, int hd, int pos) {
+    attention_any_c(out, mag, q, kc, vc, att, n_head, n_kv, hd, pos, 1);
 }
 
 static float sigmoid_c(float x) { return 1.0f / (1.0f + expf(-x)); }
