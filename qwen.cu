@@ -719,11 +719,14 @@ static void dequant_iq4_nl(const block_iq4_nl *b, float *y) {
         y[j + 16] = d * KVALUES_IQ4NL[b->qs[j] >> 4];
     }
 }
-static void dequant_iq4_xs(const block_iq4_xs *b, float *y) {
+// f16_scales: round each sub-block scale to fp16 first (the prefill's decode, see mm_weight_row)
+static float f16r(float v) { return __half2float(__float2half(v)); }
+static void dequant_iq4_xs(const block_iq4_xs *b, float *y, int f16_scales) {
     float d = fp16_to_f32(b->d);
     for (int ib = 0; ib < 8; ib++) {
         int ls = ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
         float dl = d * (ls - 32);
+        if (f16_scales) dl = f16r(dl);
         const uint8_t *q = b->qs + 16 * ib;
         for (int j = 0; j < 16; j++) {
             y[32 * ib + j] = dl * KVALUES_IQ4NL[q[j] & 0xf];
@@ -758,7 +761,7 @@ static void dequant_q5_K(const block_q5_K *b, float *y) {
         }
     }
 }
-static void dequant_q6_K(const block_q6_K *b, float *y) {
+static void dequant_q6_K(const block_q6_K *b, float *y, int f16_scales) {
     float d = fp16_to_f32(b->d);
     for (int n = 0; n < 2; n++) { // two halves of 128
         const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
@@ -770,10 +773,12 @@ static void dequant_q6_K(const block_q6_K *b, float *y) {
             int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
             int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
             int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            yy[l] = d * sc[is] * q1;
-            yy[l + 32] = d * sc[is + 2] * q2;
-            yy[l + 64] = d * sc[is + 4] * q3;
-            yy[l + 96] = d * sc[is + 6] * q4;
+            float s[4]; // d * sc of the four groups this l touches
+            for (int t = 0; t < 4; t++) s[t] = f16_scales ? f16r(d * sc[is + 2 * t]) : d * sc[is + 2 * t];
+            yy[l] = s[0] * q1;
+            yy[l + 32] = s[1] * q2;
+            yy[l + 64] = s[2] * q3;
+            yy[l + 96] = s[3] * q4;
         }
     }
 }
@@ -792,10 +797,10 @@ static void dequant_row(int type, const void *src, float *y, int64_t n) {
     case GGML_TYPE_Q5_1: for (int64_t i = 0; i < nb; i++) dequant_q5_1((const block_q5_1 *)p + i, y + 32 * i); break;
     case GGML_TYPE_Q8_0: for (int64_t i = 0; i < nb; i++) dequant_q8_0((const block_q8_0 *)p + i, y + 32 * i); break;
     case GGML_TYPE_IQ4_NL: for (int64_t i = 0; i < nb; i++) dequant_iq4_nl((const block_iq4_nl *)p + i, y + 32 * i); break;
-    case GGML_TYPE_IQ4_XS: for (int64_t i = 0; i < nb; i++) dequant_iq4_xs((const block_iq4_xs *)p + i, y + 256 * i); break;
+    case GGML_TYPE_IQ4_XS: for (int64_t i = 0; i < nb; i++) dequant_iq4_xs((const block_iq4_xs *)p + i, y + 256 * i, 0); break;
     case GGML_TYPE_Q4_K: for (int64_t i = 0; i < nb; i++) dequant_q4_K((const block_q4_K *)p + i, y + 256 * i); break;
     case GGML_TYPE_Q5_K: for (int64_t i = 0; i < nb; i++) dequant_q5_K((const block_q5_K *)p + i, y + 256 * i); break;
-    case GGML_TYPE_Q6_K: for (int64_t i = 0; i < nb; i++) dequant_q6_K((const block_q6_K *)p + i, y + 256 * i); break;
+    case GGML_TYPE_Q6_K: for (int64_t i = 0; i < nb; i++) dequant_q6_K((const block_q6_K *)p + i, y + 256 * i, 0); break;
     default: die("dequant_row: unsupported type %s", type_name(type));
     }
 }
@@ -1912,6 +1917,14 @@ __device__ __forceinline__ int spread4_bit4(int t) { return (t * 0x02040810) & 0
 
 // Q5_K: w = d * sc * q5 - dmin * m   ->   s * (d * sc * sum q5*X - dmin * m * sum X)
 // h = the super-block header (d | dmin << 16, scales[0..3], [4..7], [8..11]), e = the 32 5th bits
+// k_scale_min on the header's words (registers, no byte array): s0, s1, s2 = scales[0..3], [4..7],
+// [8..11]; sub-block `sub` uses byte sub%4 of each.
+__device__ __forceinline__ void k_scale_min_words(int sub, uint32_t s0, uint32_t s1, uint32_t s2, int *sc, int *m) {
+    int shift = 8 * (sub % 4);
+    int b0 = (s0 >> shift) & 0xff, b1 = (s1 >> shift) & 0xff, b2 = (s2 >> shift) & 0xff;
+    *sc = sub < 4 ? b0 & 63 : (b2 & 0xf) | ((b0 >> 6) << 4);
+    *m = sub < 4 ? b1 & 63 : (b2 >> 4) | ((b1 >> 6) << 4);
+}
 template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_K>(const uint8_t *W, size_t g, size_t NB) {
     WSub w;
     w.q = __ldg((const int4 *)W + g);
@@ -1920,11 +1933,8 @@ template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_K>(const uint8
     return w;
 }
 template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub &w, int sub, const XBlock &x) {
-    int shift = 8 * (sub % 4);
-    // k_scale_min on the header words: bytes sub%4 of scales[0..3], [4..7] and [8..11]
-    int b0 = (w.h.y >> shift) & 0xff, b1 = (w.h.z >> shift) & 0xff, b2 = (w.h.w >> shift) & 0xff;
-    int scale = sub < 4 ? b0 & 63 : (b2 & 0xf) | ((b0 >> 6) << 4);
-    int mn = sub < 4 ? b1 & 63 : (b2 >> 4) | ((b1 >> 6) << 4);
+    int scale, mn;
+    k_scale_min_words(sub, w.h.y, w.h.z, w.h.w, &scale, &mn);
     const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
 #pragma unroll
@@ -2777,9 +2787,13 @@ template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_0>(const uint8_t
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_0>(const WRaw &r, __half *out) {
     __half2 d = __half2half2(__ushort_as_half((unsigned short)r.e.x)), off = __float2half2_rn(1024.0f + 8.0f);
-    const uint32_t *qw = (const uint32_t *)&r.q;
+    const int *qw = (const int *)&r.q;
 #pragma unroll
-    for (int k = 0; k < 4; k++) put8(out, k, qw[k] & 0x0f0f0f0f, (qw[k] >> 4) & 0x0f0f0f0f, off, d, d);
+    for (int k = 0; k < 4; k++) {
+        int lo, hi;
+        nibbles(qw[k], &lo, &hi);
+        put8(out, k, (uint32_t)lo, (uint32_t)hi, off, d, d);
+    }
 }
 
 // IQ4_XS: e.x = d | scales_h << 16, e.y = scales_l[4], e.z = the sub-block (0..7)
@@ -2808,37 +2822,29 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_IQ4_XS>(const WRa
 template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
     size_t g = (size_t)row * (n_in / 32) + u;
     uint4 h = __ldg((const uint4 *)(W + 20 * NB + 16 * (g / 8))); // d, dmin, scales[12]
-    int j = (int)(g % 8), sc, m; // k_scale_min on the words of h: s[i] is byte i % 4 of word 1 + i / 4
-    uint32_t s0 = h.y, s1 = h.z, s2 = h.w;
-    if (j < 4) {
-        sc = (s0 >> (8 * j)) & 63;
-        m = (s1 >> (8 * j)) & 63;
-    } else {
-        uint32_t b = s2 >> (8 * (j - 4)); // s[j + 4]
-        sc = (b & 0xf) | (((s0 >> (8 * (j - 4) + 6)) & 3) << 4);
-        m = ((b >> 4) & 0xf) | (((s1 >> (8 * (j - 4) + 6)) & 3) << 4);
-    }
+    int sc, m;
+    k_scale_min_words((int)(g % 8), h.y, h.z, h.w, &sc, &m);
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
     r.e = make_uint4(__ldg((const uint32_t *)(W + 16 * NB) + g), __float_as_uint(h2f((uint16_t)h.x) * sc),
                      __float_as_uint(h2f((uint16_t)(h.x >> 16)) * m), 0);
     return r;
 }
-// 4 bits t to bit 4 of bytes 0..3 (bit i of t -> byte i): t * (1 + 2^7 + 2^14 + 2^21) puts bit i at 8i
-__device__ __forceinline__ uint32_t spread4(uint32_t t) { return ((t * 0x00204081u) & 0x01010101u) << 4; }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_K>(const WRaw &r, __half *out) {
     float dsc = __uint_as_float(r.e.y), dmm = __uint_as_float(r.e.z);
     __half2 *o = (__half2 *)out;
-    const uint32_t *qw = (const uint32_t *)&r.q;
+    const int *qw = (const int *)&r.q;
 #pragma unroll
-    for (int k = 0; k < 4; k++) {
-        uint32_t lo = (qw[k] & 0x0f0f0f0f) | spread4((r.e.x >> (4 * k)) & 0xf);
-        uint32_t hi = ((qw[k] >> 4) & 0x0f0f0f0f) | spread4((r.e.x >> (16 + 4 * k)) & 0xf);
+    for (int k = 0; k < 4; k++) { // 5-bit values: the nibbles and the high bits (as sub_dot<Q5_K>)
+        int lo, hi;
+        nibbles(qw[k], &lo, &hi);
+        lo |= spread4_bit4((r.e.x >> (4 * k)) & 0xf);
+        hi |= spread4_bit4((r.e.x >> (16 + 4 * k)) & 0xf);
         float w[8];
 #pragma unroll
         for (int b = 0; b < 4; b++) { // fp32: byte b under the exponent of 2^23 (ulp 1), then one fma
-            w[b] = fmaf(__uint_as_float((uint32_t)prmt((int)lo, 0x4b000000, 0x7540 + b)) - 8388608.0f, dsc, -dmm);
-            w[4 + b] = fmaf(__uint_as_float((uint32_t)prmt((int)hi, 0x4b000000, 0x7540 + b)) - 8388608.0f, dsc, -dmm);
+            w[b] = fmaf(__uint_as_float((uint32_t)prmt(lo, 0x4b000000, 0x7540 + b)) - 8388608.0f, dsc, -dmm);
+            w[4 + b] = fmaf(__uint_as_float((uint32_t)prmt(hi, 0x4b000000, 0x7540 + b)) - 8388608.0f, dsc, -dmm);
         }
         o[2 * k] = __floats2half2_rn(w[0], w[1]);
         o[2 * k + 1] = __floats2half2_rn(w[2], w[3]);
@@ -2863,11 +2869,14 @@ template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw &r, __half *out) {
     __half2 s_lo = __float2half2_rn(__uint_as_float(r.e.z)), s_hi = __float2half2_rn(__uint_as_float(r.e.w));
     __half2 off = __float2half2_rn(1024.0f + 32.0f);
-    const uint32_t *qw = (const uint32_t *)&r.q;
+    const int *qw = (const int *)&r.q;
 #pragma unroll
-    for (int k = 0; k < 4; k++)
-        put8(out, k, (qw[k] & 0x0f0f0f0f) | (((r.e.x >> (2 * k)) & 0x03030303) << 4),
-             ((qw[k] >> 4) & 0x0f0f0f0f) | (((r.e.y >> (2 * k)) & 0x03030303) << 4), off, s_lo, s_hi);
+    for (int k = 0; k < 4; k++) {
+        int lo, hi;
+        nibbles(qw[k], &lo, &hi);
+        put8(out, k, (uint32_t)lo | (((r.e.x >> (2 * k)) & 0x03030303) << 4),
+             (uint32_t)hi | (((r.e.y >> (2 * k)) & 0x03030303) << 4), off, s_lo, s_hi);
+    }
 }
 
 // The fp16 copy of rows [r0, r0 + n_rows) of a weight in its file layout (the types without planes),
@@ -2892,9 +2901,9 @@ __global__ void dequant_f16_kernel(const uint8_t *W, size_t row_stride, __half *
 // (two 32-weight units). A step stages the tile's X (fp16 rows) and W (decoded here, one unit per
 // thread, so the two threads of a row read one contiguous 32-byte sector of the planes; X in 16-byte
 // chunks, four whole rows per warp load) in shared memory, and the 8 warps multiply them with WMMA,
-// each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16 fp32 accumulators). The next step's bytes are loaded into registers before the
-// tensor cores work on the current step and are decoded and stored to the other half of a double
-// buffer after: one barrier per step.
+// each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16 fp32 accumulators). The next
+// step's bytes are loaded into registers before the tensor cores work on the current step and are
+// decoded and stored to the other half of a double buffer after: one barrier per step.
 //
 // Work split ("stream-K"). A grid of whole tiles rarely fills the GPU evenly: a 512-token prompt
 // through a 17408-row weight is 544 tiles, 2.06 waves of the H200's 264 resident blocks, so the
@@ -3072,38 +3081,16 @@ static int is_float_weight(int type) { return type == GGML_TYPE_F32 || type == G
 // pairwise decode of w_decode; the integer times the scale is exact in fp32, so each weight is
 // rounded once more, to fp16, as on the GPU):
 //   IQ4_XS: fp16(fp16(d * (ls - 32)) * kvalue)   Q6_K: fp16(fp16(d * sc) * (q - 32))
-static float f16r(float v) { return __half2float(__float2half(v)); }
 static void mm_weight_row(int type, const uint8_t *src, float *w, int n_in) {
-    int nb = n_in / 256;
-    if (type == GGML_TYPE_IQ4_XS) {
-        for (int i = 0; i < nb; i++) {
-            const block_iq4_xs *b = (const block_iq4_xs *)src + i;
-            for (int ib = 0; ib < 8; ib++) {
-                int ls = ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
-                float dl = f16r(fp16_to_f32(b->d) * (ls - 32));
-                for (int j = 0; j < 16; j++) {
-                    w[256 * i + 32 * ib + j] = f16r(dl * KVALUES_IQ4NL[b->qs[16 * ib + j] & 0xf]);
-                    w[256 * i + 32 * ib + 16 + j] = f16r(dl * KVALUES_IQ4NL[b->qs[16 * ib + j] >> 4]);
-                }
-            }
-        }
-    } else if (type == GGML_TYPE_Q6_K) {
-        for (int i = 0; i < nb; i++) {
-            const block_q6_K *b = (const block_q6_K *)src + i;
-            float d = fp16_to_f32(b->d);
-            for (int n = 0; n < 2; n++) // as dequant_q6_K: element 128n + 32t + l
-                for (int l = 0; l < 32; l++)
-                    for (int t = 0; t < 4; t++) {
-                        int q = ((b->ql[64 * n + l + 32 * (t % 2)] >> (4 * (t / 2))) & 0xf) |
-                                (((b->qh[32 * n + l] >> (2 * t)) & 3) << 4);
-                        float s = f16r(d * b->scales[8 * n + l / 16 + 2 * t]);
-                        w[256 * i + 128 * n + 32 * t + l] = f16r(s * (q - 32));
-                    }
+    if (type == GGML_TYPE_IQ4_XS || type == GGML_TYPE_Q6_K) {
+        for (int i = 0; i < n_in / 256; i++) {
+            if (type == GGML_TYPE_IQ4_XS) dequant_iq4_xs((const block_iq4_xs *)src + i, w + 256 * i, 1);
+            else dequant_q6_K((const block_q6_K *)src + i, w + 256 * i, 1);
         }
     } else {
         dequant_row(type, src, w, n_in);
-        for (int i = 0; i < n_in; i++) w[i] = f16r(w[i]);
     }
+    for (int i = 0; i < n_in; i++) w[i] = f16r(w[i]);
 }
 
 // C twin of matmul_kernel and matmul_f32_kernel: the same products in fp32 (double sums) from the same

@@ -417,7 +417,7 @@ static void test_dequantizers(void) {
         b.scales_l[3] = (uint8_t)(15 << 4);       // ib7 low = 15
         b.scales_h = (uint16_t)(2 | (1 << 2) | (3 << 14)); // ib0 high 2, ib1 high 1, ib7 high 3
         for (int j = 0; j < 128; j++) b.qs[j] = 0x8f; // low nibble 15 -> 113, high 8 -> 1
-        dequant_iq4_xs(&b, y);
+        dequant_iq4_xs(&b, y, 0);
         check(y[0] == 113.0f && y[16] == 1.0f && y[32] == -113.0f && y[255] == 31.0f, "dequant IQ4_XS");
     }
     {
@@ -454,7 +454,7 @@ static void test_dequantizers(void) {
         b.ql[0] = 0x0f;  // element 0: low 15
         b.qh[0] = 0x03;  // element 0: high 3 -> q = 63 - 32 = 31
         b.ql[32] = 0xf0; // element 96 (q4 of l=0): low 15
-        dequant_q6_K(&b, y);
+        dequant_q6_K(&b, y, 0);
         // y[0] = 0.5*1*31; y[1] = 0.5*1*(-32); y[96] = 0.5*sc[6]*(15-32) = 0.5*7*(-17)
         check(y[0] == 15.5f && y[1] == -16.0f && y[96] == -59.5f && y[128] == 0.5f * 9 * -32, "dequant Q6_K");
     }
