@@ -1841,14 +1841,39 @@ typedef struct {
     int e;   // per type: one more word
 } WSub;
 
+// Weight loads of the mat-vecs: ld.global.cg, cached in L2 only. The weights are read once per
+// token, so they should not push the input vector (read by every row) out of L1; and through the
+// read-only path (__ldg, ld.global.nc) ptxas may drop a loaded register and load it again next to
+// its use, which would undo the loads in flight that the kernels below arrange.
+__device__ __forceinline__ int4 ldw(const int4 *p) {
+    int4 v;
+    asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ int2 ldw(const int2 *p) {
+    int2 v;
+    asm volatile("ld.global.cg.v2.s32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ int ldw(const int *p) {
+    int v;
+    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ unsigned short ldw(const unsigned short *p) {
+    unsigned short v;
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
 template <int TYPE> __device__ WSub sub_load(const uint8_t *W, size_t g, size_t NB);
 template <int TYPE> __device__ float sub_dot(const WSub &w, int sub, const XBlock &x);
 
 // Q4_0: w = d * (q - 8)   ->   d * s * (sum q*X - 8 * sum X)
 template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_0>(const uint8_t *W, size_t g, size_t NB) {
     WSub w;
-    w.q = __ldg((const int4 *)W + g);
-    w.e = __ldg((const unsigned short *)(W + 16 * NB) + g); // d
+    w.q = ldw((const int4 *)W + g);
+    w.e = ldw((const unsigned short *)(W + 16 * NB) + g); // d
     return w;
 }
 template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const WSub &w, int, const XBlock &x) {
@@ -1895,8 +1920,8 @@ __host__ __device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) {
 // IQ4_XS: w = d * (ls - 32) * kvalues[q];  h.x = d | scales_h << 16, h.y = scales_l[4]
 template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, size_t g, size_t NB) {
     WSub w;
-    w.q = __ldg((const int4 *)W + g);
-    int2 hdr = __ldg((const int2 *)(W + 16 * NB) + g / 8);
+    w.q = ldw((const int4 *)W + g);
+    int2 hdr = ldw((const int2 *)(W + 16 * NB) + g / 8);
     w.h.x = hdr.x;
     w.h.y = hdr.y;
     return w;
@@ -1927,9 +1952,9 @@ __device__ __forceinline__ void k_scale_min_words(int sub, uint32_t s0, uint32_t
 }
 template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_K>(const uint8_t *W, size_t g, size_t NB) {
     WSub w;
-    w.q = __ldg((const int4 *)W + g);
-    w.e = __ldg((const int *)(W + 16 * NB) + g);
-    w.h = __ldg((const int4 *)(W + 20 * NB) + g / 8);
+    w.q = ldw((const int4 *)W + g);
+    w.e = ldw((const int *)(W + 16 * NB) + g);
+    w.h = ldw((const int4 *)(W + 20 * NB) + g / 8);
     return w;
 }
 template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub &w, int sub, const XBlock &x) {
@@ -1951,12 +1976,12 @@ template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub 
 // h.x, h.y = the high 2 bits (qh plane), h.z = the two int8 scales of this sub-block, h.w = d
 template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q6_K>(const uint8_t *W, size_t g, size_t NB) {
     WSub w;
-    w.q = __ldg((const int4 *)W + g);
-    int2 qh = __ldg((const int2 *)(W + 16 * NB) + g);
+    w.q = ldw((const int4 *)W + g);
+    int2 qh = ldw((const int2 *)(W + 16 * NB) + g);
     w.h.x = qh.x;
     w.h.y = qh.y;
-    w.h.z = __ldg((const unsigned short *)(W + 24 * NB + 16 * (g / 8)) + g % 8);
-    w.h.w = __ldg((const unsigned short *)(W + 26 * NB) + g / 8);
+    w.h.z = ldw((const unsigned short *)(W + 24 * NB + 16 * (g / 8)) + g % 8);
+    w.h.w = ldw((const unsigned short *)(W + 26 * NB) + g / 8);
     return w;
 }
 template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const WSub &w, int, const XBlock &x) {
@@ -1987,6 +2012,242 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
     return b;
 }
 
+// --- streaming mat-vec: the fast types' mat-vecs of a token ---------------------------------------
+// One launch computes up to BATCH_MAX matrices that read the same input (q, k, v; DeltaNet's qkv, z,
+// beta, alpha; gate and up). Rows are taken MV_ROWS at a time (a row group) and cut into chunks of
+// 32 sub-blocks (1024 weights): lane l of a warp takes sub-block 32*kk + l of chunk kk of every row
+// of the group, so each activation block it loads serves MV_ROWS rows. The (group, chunk) units of
+// all the matrices are laid end to end as one stream, and every warp of the grid takes an equal run
+// of it:
+//
+//     | matrix 0: group 0 (kk = 0 1 2 ..) group 1 ... | matrix 1: ...         |
+//     [ warp 0 run   ][ warp 1 run   ][ warp 2 run   ][ ...
+//
+// The grid is as many blocks as the GPU holds at once: one wave, no block waits for a free slot and
+// there is no block-wide barrier. Inside a run a warp keeps the next unit's weight loads in flight
+// while it multiplies the current one: the moment row r of unit c has been multiplied, the loads of
+// row r of unit c + 1 go out into the registers it freed. A group's 32 lane sums per row meet in
+// warp shuffles after its last chunk.
+//
+// Runs are cut wherever the equal split falls, so a group (its rows' dot products) may be shared by
+// several neighbouring warps: each writes its part of the row sums to a slot of its own and counts
+// itself in; the last to arrive adds the parts in warp order (the same sum in every run) and
+// finishes the rows. So every warp gets the same work however the shapes divide, and even a small
+// matrix spreads over the whole GPU. Weights are loaded past L1 (ld.global.cg): they are read once,
+// and L1 keeps the input vector.
+//
+// gate/up (group_done set): matrix 0 is gate, 1 is up, same rows. A warp counts the rows it
+// finished per block of 32; the warp that brings a block's count to 64 (its 32 gate and 32 up rows)
+// writes h = silu(gate) * up for those rows and quantizes them for the down projection.
+// C twin: matvec_xq_c per matrix (then silu_c and quantize_block_c for gate/up).
+// Rows per group: each activation load serves this many rows. The types with more bytes of scales
+// (Q5_K, Q6_K) hold more registers per row and take fewer.
+#ifndef MV_ROWS_LIGHT
+#define MV_ROWS_LIGHT 4 // Q4_0, IQ4_XS
+#endif
+#ifndef MV_ROWS_HEAVY
+#define MV_ROWS_HEAVY 4 // Q5_K, Q6_K
+#endif
+#define MV_ROWS (MV_ROWS_LIGHT > MV_ROWS_HEAVY ? MV_ROWS_LIGHT : MV_ROWS_HEAVY) // the most
+__host__ __device__ constexpr int mv_rows(int type) {
+    return type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K ? MV_ROWS_HEAVY : MV_ROWS_LIGHT;
+}
+#define MV_THREADS 256
+#ifndef MV_MIN_BLOCKS
+#define MV_MIN_BLOCKS 2 // blocks per SM the register budget is set for (__launch_bounds__): 128 registers
+#endif
+#define MV_MAX_WARPS 16384 // warps of one grid at most (an H200 holds 132 x 16 at MV_MIN_BLOCKS 2)
+#define BATCH_MAX 4
+
+typedef struct {
+    const uint8_t *w[BATCH_MAX];    // planes of matrix m, NB = n_out * n_sub sub-blocks
+    const float *bias[BATCH_MAX];   // (n_out) or NULL
+    float *y[BATCH_MAX];            // (n_out) out
+    int type[BATCH_MAX], n_out[BATCH_MAX];
+    int first_unit[BATCH_MAX + 1];  // units of the stream before matrix m; first_unit[n]: all
+    int n, accumulate;              // accumulate: y += W x (the residual adds)
+    int upw;                        // units per warp run
+    int *group_done;                // gate/up: (n_out/32) counters, zero between launches; or NULL
+    Act h;                          // gate/up: out (n_out), silu(y[0]) * y[1], fp32 and quantized
+} MvPlan;
+
+__device__ int d_mv_flag[MV_MAX_WARPS + 1];               // per shared group (by its first inner boundary): parts in
+__device__ float d_mv_part[MV_MAX_WARPS][2][MV_ROWS];     // per warp: its part of its first [0] and last [1] group
+
+typedef struct { int b, n; } MvCount; // gate/up: this warp's rows finished in block b of 32, not yet counted
+
+__device__ void mv_count_flush(const MvPlan &p, MvCount &cnt) {
+    if (cnt.n == 0) return;
+    int lane = threadIdx.x % WARP, last = 0;
+    if (lane == 0) {
+        __threadfence(); // the rows this lane wrote, visible before they are counted
+        last = atomicAdd(&p.group_done[cnt.b], cnt.n) + cnt.n == 2 * WARP;
+    }
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (last) {
+        __threadfence();
+        int i = WARP * cnt.b + lane;
+        float g = __ldcg(&p.y[0][i]), u = __ldcg(&p.y[1][i]); // from L2: other warps wrote them
+        float hv = g / (1.0f + __expf(-g)) * u;
+        p.h.f[i] = hv;
+        quantize_block_warp(hv, p.h.q, cnt.b, p.n_out[0] / WARP);
+        if (lane == 0) p.group_done[cnt.b] = 0; // ready for the next launch
+    }
+    cnt.n = 0;
+}
+
+// Rows row0 .. row0+R-1 of matrix m are done, their dot products v[] in every lane: bias, residual,
+// store, count.
+template <int R>
+__device__ __forceinline__ void mv_rows_done(const MvPlan &p, int m, int row0, const float *v, MvCount &cnt) {
+    int nr = min(R, p.n_out[m] - row0);
+    if (threadIdx.x % WARP == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            if (r >= nr) break;
+            float t = v[r];
+            if (p.bias[m]) t += p.bias[m][row0 + r];
+            float *y = p.y[m] + row0 + r;
+            *y = p.accumulate ? *y + t : t;
+        }
+    }
+    if (p.group_done) { // R divides 32: a group lies in one block of 32 rows
+        if (row0 / WARP != cnt.b) { mv_count_flush(p, cnt); cnt.b = row0 / WARP; }
+        cnt.n += nr;
+    }
+}
+
+// This warp's part v[] of group grp of matrix m, whose units other warps share. The group's units
+// are [U0, U0 + cpr) of the stream, so warps U0/upw .. (U0 + cpr - 1)/upw hold its parts: in slot 0
+// of a warp whose run begins inside the group, else slot 1 (the group is that warp's last).
+template <int R>
+__device__ __forceinline__ void mv_rows_part(const MvPlan &p, int m, int grp, int cpr, int warp, const float *v, MvCount &cnt) {
+    int U0 = p.first_unit[m] + grp * cpr, w1 = U0 / p.upw, w2 = (U0 + cpr - 1) / p.upw;
+    int last = 0;
+    if (threadIdx.x % WARP == 0) {
+        int slot = U0 < warp * p.upw ? 0 : 1;
+#pragma unroll
+        for (int r = 0; r < R; r++) d_mv_part[warp][slot][r] = v[r];
+        __threadfence();
+        last = atomicAdd(&d_mv_flag[w1 + 1], 1) == w2 - w1;
+    }
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (!last) return;
+    __threadfence();
+    float t[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) t[r] = 0.0f;
+    for (int w = w1; w <= w2; w++) {
+        int slot = U0 < w * p.upw ? 0 : 1;
+#pragma unroll
+        for (int r = 0; r < R; r++) t[r] += __ldcg(&d_mv_part[w][slot][r]);
+    }
+    if (threadIdx.x % WARP == 0) d_mv_flag[w1 + 1] = 0; // ready for the next launch
+    mv_rows_done<R>(p, m, grp * R, t, cnt);
+}
+
+// Units [c0, c1) of matrix m (unit c: group c / cpr, chunk c % cpr), this warp's piece of it.
+template <int TYPE>
+__device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, int c1, int warp, MvCount &cnt) {
+    const int R = mv_rows(TYPE);
+    const uint8_t *W = p.w[m];
+    int lane = threadIdx.x % WARP, cpr = (n_sub + WARP - 1) / WARP, last_row = p.n_out[m] - 1;
+    size_t NB = (size_t)p.n_out[m] * n_sub;
+    int grp = c0 / cpr, kk = c0 % cpr, cut = kk != 0; // cut: the group began in an earlier run
+    WSub w[R];
+    float acc[R];
+    {
+        int u = WARP * kk + lane;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            acc[r] = 0.0f;
+            if (u < n_sub) w[r] = sub_load<TYPE>(W, (size_t)min(grp * R + r, last_row) * n_sub + u, NB);
+        }
+    }
+    for (int c = c0; c < c1; c++) {
+        int u = WARP * kk + lane, ng = grp, nk = kk + 1; // (ng, nk): the next unit
+        if (nk == cpr) { nk = 0; ng++; }
+        int un = WARP * nk + lane, more = c + 1 < c1 && un < n_sub;
+        if (u < n_sub) {
+            XBlock x = load_xblock(xq, u, n_sub);
+#pragma unroll
+            for (int r = 0; r < R; r++) { // multiply row r, then refill its registers with the next unit
+                acc[r] += sub_dot<TYPE>(w[r], u % 8, x);
+                if (more) w[r] = sub_load<TYPE>(W, (size_t)min(ng * R + r, last_row) * n_sub + un, NB);
+            }
+        } else if (more) {
+#pragma unroll
+            for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (size_t)min(ng * R + r, last_row) * n_sub + un, NB);
+        }
+        if (nk == 0) { // the group's last chunk
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+            if (cut) mv_rows_part<R>(p, m, grp, cpr, warp, acc, cnt);
+            else mv_rows_done<R>(p, m, grp * R, acc, cnt);
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] = 0.0f;
+            cut = 0;
+        }
+        grp = ng;
+        kk = nk;
+    }
+    if (kk != 0) { // a later run ends this group
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+        mv_rows_part<R>(p, m, grp, cpr, warp, acc, cnt);
+    }
+}
+
+__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
+    int warp = (blockIdx.x * MV_THREADS + threadIdx.x) / WARP;
+    int a = warp * p.upw, b = min(a + p.upw, p.first_unit[p.n]);
+    MvCount cnt = {-1, 0};
+    for (int m = 0; m < p.n; m++) { // the run's piece of each matrix
+        int s = max(a, p.first_unit[m]), e = min(b, p.first_unit[m + 1]);
+        if (s >= e) continue;
+#define RUN(T) mv_run<T>(p, m, xq, n_sub, s - p.first_unit[m], e - p.first_unit[m], warp, cnt)
+        FAST_TYPE_SWITCH(p.type[m], RUN)
+#undef RUN
+    }
+    if (p.group_done) mv_count_flush(p, cnt);
+}
+
+// Blocks of matvec_stream_kernel the GPU holds at once (asked once).
+static int mv_grid_blocks(void) {
+    static int blocks = 0;
+    if (!blocks) {
+        int dev, n_sm, per_sm;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_stream_kernel, MV_THREADS, 0));
+        blocks = n_sm * (per_sm > 0 ? per_sm : 1);
+        if (blocks * (MV_THREADS / WARP) > MV_MAX_WARPS) blocks = MV_MAX_WARPS / (MV_THREADS / WARP);
+    }
+    return blocks;
+}
+
+// Add matrix W (in planes) to the plan: y = W x (+ bias).
+static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y) {
+    int m = p->n++, cpr = (int)(W->n_in / 32 + WARP - 1) / WARP, R = mv_rows(W->type);
+    int groups = (int)(W->n_out + R - 1) / R;
+    p->w[m] = (const uint8_t *)W->dev;
+    p->bias[m] = bias;
+    p->y[m] = y;
+    p->type[m] = W->type;
+    p->n_out[m] = (int)W->n_out;
+    p->first_unit[m + 1] = p->first_unit[m] + groups * cpr;
+}
+
+// Launch the plan: runs of equal length over the grid's warps.
+static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
+    int n_sub = n_in / 32, total = p->first_unit[p->n];
+    int warps = mv_grid_blocks() * (MV_THREADS / WARP);
+    p->upw = (total + warps - 1) / warps;
+    int used = (total + p->upw - 1) / p->upw, wpb = MV_THREADS / WARP;
+    matvec_stream_kernel<<<(used + wpb - 1) / wpb, MV_THREADS, 0, st>>>(*p, xq, n_sub);
+    KERNEL_CHECK();
+}
+
 // y[r] = W[r,:] . x (+ bias[r]) (+ y[r]) for the fast types. A block owns R consecutive rows and
 // all its threads walk the rows' sub-blocks together (thread t takes sub-blocks t, t + T, ...), so
 // every activation block a thread loads serves R rows, and even a short row keeps a whole block of
@@ -2004,7 +2265,13 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 #ifndef FAST_MAX_THREADS
 #define FAST_MAX_THREADS 256
 #endif
-template <int TYPE, int R>
+// LOADS_FIRST: a __syncwarp() between a pass's loads and its arithmetic. Left alone, ptxas issues
+// the loads of row r+1 only once row r's arithmetic is under way (it saves registers that way): one
+// or two loads in flight per thread. A warp barrier is a point no memory access may cross, so every
+// load is issued before it, at the cost of registers for all of them. Measured (test/PERF_NOTES.md):
+// faster for rows of several passes and for the batch kernel, slower for one-pass rows at 8 rows per
+// block, where the extra registers cost resident blocks.
+template <int TYPE, int R, bool LOADS_FIRST>
 __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
                                           const XQ &xq,       // (n_sub) blocks of the input
                                           const float *bias,  // (n_out) or NULL
@@ -2022,6 +2289,7 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
 #pragma unroll
         for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (size_t)min(row0 + r, n_out - 1) * n_sub + u, NB);
         XBlock xb = load_xblock(xq, u, n_sub);
+        if (LOADS_FIRST) __syncwarp();
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r] += sub_dot<TYPE>(w[r], u % 8, xb);
     }
@@ -2040,15 +2308,14 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
     }
 }
 
-template <int TYPE, int R>
+template <int TYPE, int R, bool LOADS_FIRST>
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
 matvec_fast_kernel(const uint8_t *W, XQ xq, const float *bias, float *y, int n_sub, int n_out, int accumulate) {
-    fast_rows<TYPE, R>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
+    fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
 }
 
 // Up to four mat-vecs on the same input in one launch (q, k, v; or DeltaNet's qkv, z, beta, alpha):
 // each block finds its matrix by its index; the matrices may have different fast types.
-#define BATCH_MAX 4
 typedef struct {
     const uint8_t *w[BATCH_MAX];
     const float *bias[BATCH_MAX]; // or NULL
@@ -2062,7 +2329,7 @@ __global__ void __launch_bounds__(FAST_MAX_THREADS) matvec_fast_batch_kernel(Mat
     int m = 0;
     while (m + 1 < b.n && (int)blockIdx.x >= b.first_block[m + 1]) m++;
     int row0 = ((int)blockIdx.x - b.first_block[m]) * FAST_ROWS;
-#define ROWS(T) fast_rows<T, FAST_ROWS>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0)
+#define ROWS(T) fast_rows<T, FAST_ROWS, true>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0)
     FAST_TYPE_SWITCH(b.type[m], ROWS)
 #undef ROWS
 }
@@ -2154,24 +2421,44 @@ ffn_gate_up_silu_kernel(const uint8_t *Wg, const uint8_t *Wu, // planes, (n_ff r
 
 // out = x / sqrt(mean(x^2) + eps) * w in fp32, and (n a multiple of 32) its quantized copy.
 // Every block sums the squares of all of x (20 KB from L2, cheaper than a second launch) and then
-// handles its own 32-value blocks, one per warp. C twin: rmsnorm_c, then quantize_block_c.
+// handles its own 32-value blocks, one per warp. The kernel is all latency (~130 launches a token),
+// so every load is issued before the first add: x as up to 8 float4 per thread, and the block's own
+// x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
 #define NORM_THREADS 256
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out, const float *x, const float *w /* (n) */, int n, float eps) {
+    int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    int quant = out.q.q && n % 32 == 0, b = blockIdx.x * nw + threadIdx.x / WARP, i = 32 * b + lane;
+    float xi = 0.0f, wi = 0.0f;
+    if (quant && b < n / 32) { xi = x[i]; wi = w[i]; }
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+    if (n % 4 == 0) {
+        const float4 *x4 = (const float4 *)x;
+        int n4 = n / 4;
+        float4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            v[k] = j < n4 ? x4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        for (int j = threadIdx.x + 8 * blockDim.x; j < n4; j += blockDim.x) {
+            float4 u = x4[j];
+            ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
+        }
+    } else {
+        for (int j = threadIdx.x; j < n; j += blockDim.x) ss += x[j] * x[j];
+    }
     ss = block_sum(ss);
     float scale = rsqrtf(ss / n + eps);
-    int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    if (out.q.q && n % 32 == 0) {
-        int b = blockIdx.x * nw + threadIdx.x / WARP;
+    if (quant) {
         if (b < n / 32) {
-            int i = 32 * b + lane;
-            float v = x[i] * scale * w[i];
+            float v = xi * scale * wi;
             out.f[i] = v;
             quantize_block_warp(v, out.q, b, n / 32);
         }
     } else {
-        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out.f[i] = x[i] * scale * w[i];
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) out.f[j] = x[j] * scale * w[j];
     }
 }
 static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float eps, cudaStream_t st) {
@@ -2247,7 +2534,8 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
 #define ATT_THREADS 256
 // keys per split: 64 for head_dim <= 128, fewer for wider heads (shared memory)
 static int att_chunk(int hd) { return hd <= 128 ? 64 : 8192 / hd; }
-#define ATT_MAX_OUT 8 // outputs per thread in the merge: g * head_dim <= 2048
+#define ATT_MAX_OUT 8     // outputs per thread in the merge: g * head_dim <= 2048
+#define ATT_MERGE_DEPTH 8 // splits per round of the merge
 __host__ __device__ static size_t att_smem_kv(int hd, int chunk) { return ((size_t)chunk * (hd + 2) + 7) / 8 * 16 + (size_t)chunk * hd * 2; }
 static size_t att_smem(int g, int hd, int chunk) {
     return ((size_t)chunk * (hd + 2) + 7) / 8 * 16 + (size_t)chunk * hd * 2 + (size_t)g * hd * 4 + (size_t)g * chunk * 4;
@@ -2364,16 +2652,27 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
             wts[i] = __expf(__ldcg(ml) - mh[hh]) / lh[hh];
         }
         __syncthreads();
+        // ATT_MERGE_DEPTH splits of all this thread's outputs per round, every load of the round
+        // issued before the first multiply: one L2 latency per round, not one per split and output
+        for (int sp0 = 0; sp0 < nsp; sp0 += ATT_MERGE_DEPTH) {
+            float v[ATT_MAX_OUT][ATT_MERGE_DEPTH];
 #pragma unroll
-        for (int k = 0; k < ATT_MAX_OUT; k++) {
-            int i = threadIdx.x + k * ATT_THREADS, hh = i / hd, d = i % hd;
-            if (i >= g * hd) break;
-            const float *po = part_o + ((size_t)(j * g + hh) * n_split + s0) * hd + d;
-            const float *wt = wts + hh * nsp;
-            float acc = 0.0f;
-#pragma unroll 8
-            for (int sp = 0; sp < nsp; sp++) acc += __ldcg(&po[(size_t)sp * hd]) * wt[sp];
-            o[k] += acc;
+            for (int k = 0; k < ATT_MAX_OUT; k++) {
+                int i = threadIdx.x + k * ATT_THREADS, hh = i / hd, d = i % hd;
+                const float *po = part_o + ((size_t)(j * g + hh) * n_split + s0 + sp0) * hd + d;
+#pragma unroll
+                for (int q = 0; q < ATT_MERGE_DEPTH; q++)
+                    v[k][q] = i < g * hd && sp0 + q < nsp ? __ldcg(&po[(size_t)q * hd]) : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < ATT_MAX_OUT; k++) {
+                int i = threadIdx.x + k * ATT_THREADS;
+                if (i >= g * hd) break;
+                const float *wt = wts + (i / hd) * nsp + sp0;
+#pragma unroll
+                for (int q = 0; q < ATT_MERGE_DEPTH; q++)
+                    if (sp0 + q < nsp) o[k] += v[k][q] * wt[q];
+            }
         }
     }
     int nb = n_head * hd / 32;
@@ -2571,11 +2870,27 @@ __global__ void silu_mul_quant_kernel(Act h, const float *u, int n) {
 
 // --- host launchers -------------------------------------------------------------------------------
 
+// QWEN_MV_OLD=1: the per-block mat-vec kernels instead of the streaming one (for measurement)
+static int mv_old(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("QWEN_MV_OLD") != NULL;
+    return v;
+}
+
 // y = W x (+ bias) (+ y when accumulate): the fast kernel (16-bit x) for weights in planes, the
 // generic one (fp32 x) for the rest.
 static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
     const uint8_t *w = (const uint8_t *)W->dev;
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
+    if (W->planes && !mv_old()) {
+        if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
+        MvPlan p;
+        memset(&p, 0, sizeof p);
+        p.accumulate = accumulate;
+        mv_plan_add(&p, W, bias, y);
+        matvec_stream(&p, in->q, n_in, st);
+        return;
+    }
     if (W->planes) {
         if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
         // rows longer than one pass of the block (the FFN down projections) take half the rows per
@@ -2583,8 +2898,8 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
         int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
         int R = long_rows ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
 #define FAST(T)                                                                                                  \
-    if (long_rows) matvec_fast_kernel<T, FAST_ROWS / 2><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
-    else matvec_fast_kernel<T, FAST_ROWS><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
+    if (long_rows) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
+    else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
         FAST_TYPE_SWITCH(W->type, FAST)
 #undef FAST
         KERNEL_CHECK();
@@ -2612,6 +2927,13 @@ static void matvec_batch(int n, const Tensor *const *W, const float *const *bias
     for (int i = 0; i < n; i++) all_planes &= W[i]->planes;
     if (!all_planes) {
         for (int i = 0; i < n; i++) matvec(W[i], in, y[i], bias[i], 0, st);
+        return;
+    }
+    if (!mv_old()) {
+        MvPlan p;
+        memset(&p, 0, sizeof p);
+        for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], bias[i], y[i]);
+        matvec_stream(&p, in->q, (int)W[0]->n_in, st);
         return;
     }
     MatVecBatch b;
@@ -2644,6 +2966,16 @@ static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, con
 // group_done: (n_ff/32) zeroed counters for the fused kernel.
 static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h, float *u, int *group_done, cudaStream_t st) {
     int n_ff = (int)G->n_out, n_sub = (int)G->n_in / 32;
+    if (G->planes && U->planes && n_ff % 32 == 0 && in->q.q && !mv_old()) {
+        MvPlan p;
+        memset(&p, 0, sizeof p);
+        mv_plan_add(&p, G, NULL, h->f); // gate into h, made silu(gate) * up in place per group
+        mv_plan_add(&p, U, NULL, u);
+        p.group_done = group_done;
+        p.h = *h;
+        matvec_stream(&p, in->q, (int)G->n_in, st);
+        return;
+    }
     if (G->planes && U->planes && G->type == U->type && n_ff % 32 == 0 && in->q.q) {
         const uint8_t *wg = (const uint8_t *)G->dev, *wu = (const uint8_t *)U->dev;
         int threads = fast_threads(n_sub);
@@ -4547,7 +4879,24 @@ __global__ void fill_random_half_kernel(__half *p, size_t n, uint32_t seed) {
 static int cmp_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x > y) - (x < y); }
 
 // Device-to-device copy of 1 GiB, counted as bytes read + bytes written, median of 10.
-static double measure_copy_bandwidth(void) {
+// The ceiling a read-only kernel can reach, for reference next to the copy bandwidth: every thread
+// streams 16-byte loads, 4 in flight, over a buffer, and folds them into one word it rarely writes.
+__global__ void read_stream_kernel(const int4 *p, size_t n /* int4s */, int *sink) {
+    int acc = 0;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 4 * stride) {
+        int4 v[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) v[k] = i + k * stride < n ? p[i + k * stride] : make_int4(0, 0, 0, 0);
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    }
+    if (acc == 0x5a17c3e9) *sink = acc; // keeps the loads; as good as never taken
+}
+
+// Device-to-device copy of 1 GiB (bytes read + written per second, the median of 10), and in
+// *read_bw the read-only stream over the same buffer (bytes read per second, median of 10).
+static double measure_copy_bandwidth(double *read_bw) {
     size_t n = 1ull << 30;
     void *a, *b;
     CUDA_CHECK(cudaMalloc(&a, n));
@@ -4556,7 +4905,7 @@ static double measure_copy_bandwidth(void) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    float ms[10];
+    float ms[10], rms[10];
     CUDA_CHECK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
     for (int i = 0; i < 10; i++) {
         CUDA_CHECK(cudaEventRecord(e0));
@@ -4565,11 +4914,23 @@ static double measure_copy_bandwidth(void) {
         CUDA_CHECK(cudaEventSynchronize(e1));
         CUDA_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
     }
+    int dev, n_sm;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    for (int i = -1; i < 10; i++) { // the first run warms up
+        CUDA_CHECK(cudaEventRecord(e0));
+        read_stream_kernel<<<8 * n_sm, 256>>>((const int4 *)a, n / 16, (int *)b);
+        CUDA_CHECK(cudaEventRecord(e1));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        if (i >= 0) CUDA_CHECK(cudaEventElapsedTime(&rms[i], e0, e1));
+    }
     qsort(ms, 10, sizeof ms[0], cmp_float);
+    qsort(rms, 10, sizeof rms[0], cmp_float);
     cudaFree(a);
     cudaFree(b);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
+    *read_bw = n / (rms[5] * 1e-3);
     return 2.0 * n / (ms[5] * 1e-3);
 }
 
@@ -4685,10 +5046,12 @@ static void run_bench(Model *m, int n_ctx) {
     if (n_ctx < 2048 + 1) n_ctx = 2048 + 1;
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    double copy_bw = measure_copy_bandwidth();
+    double read_bw, copy_bw = measure_copy_bandwidth(&read_bw);
     printf("GPU: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
            prop.totalGlobalMem / 1073741824.0);
     printf("measured copy bandwidth (device-to-device, 1 GiB, read + write): %.0f GB/s\n", copy_bw / 1e9);
+    printf("read-only stream over the same GiB (16-byte loads, for reference): %.0f GB/s = %.1f %% of copy\n",
+           read_bw / 1e9, 100.0 * read_bw / copy_bw);
 
     GpuState s;
     gpu_state_init(&s, m, n_ctx);
@@ -4721,6 +5084,10 @@ static void run_bench(Model *m, int n_ctx) {
                100.0 * bw / copy_bw);
     }
 
+    if (getenv("QWEN_BENCH_DECODE_ONLY") && !strcmp(getenv("QWEN_BENCH_DECODE_ONLY"), "1")) { // tuning: contexts only
+        gpu_state_free(&s);
+        return;
+    }
     // per kernel: one forward pass at the last context, launched directly with events around each launch
     prof_start(m);
     CUDA_CHECK(cudaMemcpyAsync(s.x, s.h_x, m->c.n_embd * 4u, cudaMemcpyHostToDevice, s.stream));
@@ -4733,7 +5100,7 @@ static void run_bench(Model *m, int n_ctx) {
     bench_matvecs(m, &s, copy_bw);
 
     // prefill: pp512 = a 512-token prompt from position 0, logits of its last token
-    if (s.n_batch >= 512) {
+    if (s.n_batch >= 512 && !getenv("QWEN_BENCH_DECODE_ONLY")) {
         const int P = 512;
         int toks[512];
         uint64_t r = 42;

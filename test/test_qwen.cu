@@ -1595,7 +1595,10 @@ static void test_gpu_gate_up(void) {
         int *done;
         CUDA_CHECK(cudaMalloc(&done, n_ff / 32 * 4));
         CUDA_CHECK(cudaMemset(done, 0, n_ff / 32 * 4));
-        ffn_gate_up(&G, &U, &in, &out, NULL, done, 0);
+        float *du;
+        CUDA_CHECK(cudaMalloc(&du, n_ff * 4));
+        ffn_gate_up(&G, &U, &in, &out, du, done, 0);
+        cudaFree(du);
         int counters[n_ff / 32];
         CUDA_CHECK(cudaMemcpy(counters, done, sizeof counters, cudaMemcpyDeviceToHost));
         for (int i = 0; i < n_ff / 32; i++) if (counters[i]) worst = 1; // every group counter back at zero
