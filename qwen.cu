@@ -15,7 +15,8 @@
 //   4. config & weights ..... hyper-parameters from metadata, weights looked up by name and shape
 //   5. CPU forward .......... the plain-C twin of the whole model (fp32 math, fp32 KV cache)
 //   6. GPU kernels .......... mat-vec per tensor type (generic, and dp4a on 16-bit activations for
-//                             the four types that carry the bytes), norms, RoPE, attention, DeltaNet
+//                             the four types that carry the bytes: a streaming kernel for big
+//                             launches, a per-block one for small), norms, RoPE, attention, DeltaNet
 //   6b. prefill kernels ..... a prompt batch through a layer at once: WMMA products decoding the
 //                             weights on the fly, batched causal attention, DeltaNet over the batch
 //   7. GPU forward .......... VRAM budget, device memory, weight upload, the per-token layer loop
@@ -1638,14 +1639,9 @@ typedef struct {
 } XQ;
 
 // An activation vector as the mat-vecs consume it: fp32 for the generic kernels, 16-bit for the fast.
-// With ss set it is the input of an RMSNorm folded into the mat-vecs (the streaming kernel below):
-// q then holds x * w un-normalized, block by block (quantization is scale-free per block), ss the
-// blocks' sums of squares of x, and the reading mat-vec multiplies each row by rsqrt(sum(ss)/n + eps).
 typedef struct {
     float *f;   // (n)
     XQ q;       // n/32 blocks; q.q == NULL when n is not a multiple of 32
-    float *ss;  // (n/32) sum of x^2 per block, or NULL: the vector is what it says
-    float eps;
 } Act;
 
 // C twin of the quantizer, one block of 32 values.
@@ -1874,22 +1870,6 @@ __device__ __forceinline__ unsigned short ldw(const unsigned short *p) {
 template <int TYPE> __device__ WSub sub_load(const uint8_t *W, size_t g, size_t NB);
 template <int TYPE> __device__ float sub_dot(const WSub &w, int sub, const XBlock &x);
 
-// Ask L2 for the line holding p, ahead of its load: no register waits for it, so a warp can have
-// far more bytes on their way from memory than its registers could hold.
-__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-// The lines sub_load<TYPE>(W, g, NB) will read.
-template <int TYPE> __device__ __forceinline__ void sub_prefetch(const uint8_t *W, size_t g, size_t NB) {
-    prefetch_l2(W + 16 * g);
-    if (TYPE == GGML_TYPE_Q4_0) prefetch_l2(W + 16 * NB + 2 * g);
-    if (TYPE == GGML_TYPE_IQ4_XS) prefetch_l2(W + 16 * NB + 8 * (g / 8));
-    if (TYPE == GGML_TYPE_Q5_K) { prefetch_l2(W + 16 * NB + 4 * g); prefetch_l2(W + 20 * NB + 16 * (g / 8)); }
-    if (TYPE == GGML_TYPE_Q6_K) {
-        prefetch_l2(W + 16 * NB + 8 * g);
-        prefetch_l2(W + 24 * NB + 16 * (g / 8));
-        prefetch_l2(W + 26 * NB + 2 * (g / 8));
-    }
-}
-
 // Q4_0: w = d * (q - 8)   ->   d * s * (sum q*X - 8 * sum X)
 template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_0>(const uint8_t *W, size_t g, size_t NB) {
     WSub w;
@@ -2074,9 +2054,6 @@ __host__ __device__ constexpr int mv_rows(int type) {
     return type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K ? MV_ROWS_HEAVY : MV_ROWS_LIGHT;
 }
 #define MV_THREADS 256
-#ifndef MV_PREFETCH
-#define MV_PREFETCH 2 // units ahead of the loads that a warp asks L2 for
-#endif
 #ifndef MV_MIN_BLOCKS
 #define MV_MIN_BLOCKS 2 // blocks per SM the register budget is set for (__launch_bounds__): 128 registers
 #endif
@@ -2091,43 +2068,30 @@ typedef struct {
     int first_unit[BATCH_MAX + 1];  // units of the stream before matrix m; first_unit[n]: all
     int n, accumulate;              // accumulate: y += W x (the residual adds)
     int upw;                        // units per warp run
-    int *group_done;                // gate/up, norm: (n_out/32) counters, zero between launches; or NULL
+    int *group_done;                // gate/up: (n_out/32) counters, zero between launches; or NULL
     Act h;                          // gate/up: out (n_out), silu(y[0]) * y[1], fp32 and quantized
-    const float *norm_w;            // norm: y[0] is the residual; per finished block of 32 rows, y * norm_w
-    Act norm_out;                   //   quantized into norm_out.q and sum(y^2) into norm_out.ss
-    const float *in_ss;             // the input is an un-normalized x * w (Act.ss), or NULL
-    float eps;
 } MvPlan;
 
 __device__ int d_mv_flag[MV_MAX_WARPS + 1];               // per shared group (by its first inner boundary): parts in
 __device__ float d_mv_part[MV_MAX_WARPS][2][MV_ROWS];     // per warp: its part of its first [0] and last [1] group
 
-typedef struct {
-    int b, n;    // gate/up, norm: this warp's rows finished in block b of 32, not yet counted
-    float scale; // every row's factor: the folded RMSNorm's rsqrt(mean(x^2) + eps), or 1
-} MvCount;
+typedef struct { int b, n; } MvCount; // gate/up: this warp's rows finished in block b of 32, not yet counted
 
 __device__ void mv_count_flush(const MvPlan &p, MvCount &cnt) {
     if (cnt.n == 0) return;
-    int lane = threadIdx.x % WARP, last = 0, rows = p.norm_w ? WARP : 2 * WARP; // norm: 32 rows; gate/up: 32 + 32
+    int lane = threadIdx.x % WARP, last = 0;
     if (lane == 0) {
         __threadfence(); // the rows this lane wrote, visible before they are counted
-        last = atomicAdd(&p.group_done[cnt.b], cnt.n) + cnt.n == rows;
+        last = atomicAdd(&p.group_done[cnt.b], cnt.n) + cnt.n == 2 * WARP;
     }
     last = __shfl_sync(0xffffffffu, last, 0);
     if (last) {
         __threadfence();
-        int i = WARP * cnt.b + lane, nb = p.n_out[0] / WARP;
-        if (p.norm_w) { // the next RMSNorm's input block: x * w, and sum(x^2)
-            float xv = __ldcg(&p.y[0][i]), ss = warp_sum(xv * xv);
-            quantize_block_warp(xv * p.norm_w[i], p.norm_out.q, cnt.b, nb);
-            if (lane == 0) p.norm_out.ss[cnt.b] = ss;
-        } else {
-            float g = __ldcg(&p.y[0][i]), u = __ldcg(&p.y[1][i]); // from L2: other warps wrote them
-            float hv = g / (1.0f + __expf(-g)) * u;
-            p.h.f[i] = hv;
-            quantize_block_warp(hv, p.h.q, cnt.b, nb);
-        }
+        int i = WARP * cnt.b + lane;
+        float g = __ldcg(&p.y[0][i]), u = __ldcg(&p.y[1][i]); // from L2: other warps wrote them
+        float hv = g / (1.0f + __expf(-g)) * u;
+        p.h.f[i] = hv;
+        quantize_block_warp(hv, p.h.q, cnt.b, p.n_out[0] / WARP);
         if (lane == 0) p.group_done[cnt.b] = 0; // ready for the next launch
     }
     cnt.n = 0;
@@ -2142,7 +2106,7 @@ __device__ __forceinline__ void mv_rows_done(const MvPlan &p, int m, int row0, c
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (r >= nr) break;
-            float t = v[r] * cnt.scale;
+            float t = v[r];
             if (p.bias[m]) t += p.bias[m][row0 + r];
             float *y = p.y[m] + row0 + r;
             *y = p.accumulate ? *y + t : t;
@@ -2201,18 +2165,7 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
             if (u < n_sub) w[r] = sub_load<TYPE>(W, (size_t)min(grp * R + r, last_row) * n_sub + u, NB);
         }
     }
-    // units c0 + 1 .. c0 + MV_PREFETCH asked of L2 now, then one more per unit: (pg, pk) is the next
-    int pg = grp, pk = kk;
-    auto prefetch_next = [&]() {
-        if (++pk == cpr) { pk = 0; pg++; }
-        int u = WARP * pk + lane;
-        if (u < n_sub)
-#pragma unroll
-            for (int r = 0; r < R; r++) sub_prefetch<TYPE>(W, (size_t)min(pg * R + r, last_row) * n_sub + u, NB);
-    };
-    for (int i = 1; i <= MV_PREFETCH && c0 + i < c1; i++) prefetch_next();
     for (int c = c0; c < c1; c++) {
-        if (c + MV_PREFETCH + 1 < c1) prefetch_next();
         int u = WARP * kk + lane, ng = grp, nk = kk + 1; // (ng, nk): the next unit
         if (nk == cpr) { nk = 0; ng++; }
         int un = WARP * nk + lane, more = c + 1 < c1 && un < n_sub;
@@ -2249,12 +2202,7 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
     int warp = (blockIdx.x * MV_THREADS + threadIdx.x) / WARP;
     int a = warp * p.upw, b = min(a + p.upw, p.first_unit[p.n]);
-    MvCount cnt = {-1, 0, 1.0f};
-    if (p.in_ss) { // the folded RMSNorm: the same sum, in the same order, in every warp
-        float t = 0.0f;
-        for (int i = threadIdx.x % WARP; i < n_sub; i += WARP) t += __ldcg(&p.in_ss[i]);
-        cnt.scale = rsqrtf(warp_sum(t) / (32.0f * n_sub) + p.eps);
-    }
+    MvCount cnt = {-1, 0};
     for (int m = 0; m < p.n; m++) { // the run's piece of each matrix
         int s = max(a, p.first_unit[m]), e = min(b, p.first_unit[m + 1]);
         if (s >= e) continue;
@@ -2292,11 +2240,8 @@ static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y)
 }
 
 // Launch the plan: runs of equal length over the grid's warps.
-static void matvec_stream(MvPlan *p, const Act *in, int n_in, cudaStream_t st) {
+static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     int n_sub = n_in / 32, total = p->first_unit[p->n];
-    const XQ &xq = in->q;
-    p->in_ss = in->ss;
-    p->eps = in->eps;
     int warps = mv_grid_blocks() * (MV_THREADS / WARP);
     p->upw = (total + warps - 1) / warps;
     int used = (total + p->upw - 1) / p->upw, wpb = MV_THREADS / WARP;
@@ -2517,25 +2462,8 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out, co
         for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) out.f[j] = x[j] * scale * w[j];
     }
 }
-// The folded RMSNorm (Act.ss) of a vector no mat-vec produced, the embedding row: per block of 32,
-// x * w quantized and sum(x^2); one warp per block. C twin: quantize_block_c of x * w, and the sums.
-__global__ void norm_fold_kernel(Act out, const float *x, const float *w /* (n) */, int n) {
-    int b = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    if (b >= n / 32) return;
-    float xv = x[32 * b + lane], ss = warp_sum(xv * xv);
-    quantize_block_warp(xv * w[32 * b + lane], out.q, b, n / 32);
-    if (lane == 0) out.ss[b] = ss;
-}
-
-// out = the RMSNorm of x with weight w as the next mat-vecs read it: normalized (rmsnorm_quant_kernel),
-// or, when out->ss is set, x * w with the sums of squares (norm_fold_kernel).
 static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float eps, cudaStream_t st) {
     int blocks = (n / 32 + NORM_THREADS / WARP - 1) / (NORM_THREADS / WARP);
-    if (out->ss) {
-        norm_fold_kernel<<<blocks, NORM_THREADS, 0, st>>>(*out, x, w, n);
-        KERNEL_CHECK();
-        return;
-    }
     rmsnorm_quant_kernel<<<blocks > 0 ? blocks : 1, NORM_THREADS, 0, st>>>(*out, x, w, n, eps);
     KERNEL_CHECK();
 }
@@ -2943,11 +2871,22 @@ __global__ void silu_mul_quant_kernel(Act h, const float *u, int n) {
 
 // --- host launchers -------------------------------------------------------------------------------
 
-// QWEN_MV_OLD=1: the per-block mat-vec kernels instead of the streaming one (for measurement)
-static int mv_old(void) {
-    static int v = -1;
-    if (v < 0) v = getenv("QWEN_MV_OLD") != NULL;
-    return v;
+// Which fast mat-vec kernel a plan takes. The streaming kernel pays off when a warp's run holds at
+// least two whole row groups on average: measured on the H200, it streams the output matrix at 91 %
+// of the copy bandwidth (the per-block kernel: 73 %) and gate/up faster, but a shorter run is a
+// chain of memory latencies whose groups are shared between warps, and there the per-block kernels
+// are faster (ffn_down, the attention and DeltaNet projections; test/PERF_NOTES.md).
+// QWEN_MV=stream or QWEN_MV=blocks forces one kernel (measurement; the tests run both).
+enum { MV_AUTO, MV_STREAM, MV_BLOCKS };
+static int g_mv_mode = -1;
+static int mv_use_stream(const MvPlan *p, int n_in) {
+    if (g_mv_mode < 0) {
+        const char *e = getenv("QWEN_MV");
+        g_mv_mode = e && !strcmp(e, "stream") ? MV_STREAM : e && !strcmp(e, "blocks") ? MV_BLOCKS : MV_AUTO;
+    }
+    if (g_mv_mode != MV_AUTO) return g_mv_mode == MV_STREAM;
+    long cpr = (n_in / 32 + WARP - 1) / WARP, warps = (long)mv_grid_blocks() * (MV_THREADS / WARP);
+    return p->first_unit[p->n] >= 2 * cpr * warps;
 }
 
 // y = W x (+ bias) (+ y when accumulate): the fast kernel (16-bit x) for weights in planes, the
@@ -2955,16 +2894,17 @@ static int mv_old(void) {
 static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
     const uint8_t *w = (const uint8_t *)W->dev;
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
-    if (W->planes && !mv_old()) {
+    if (W->planes) {
         if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
         MvPlan p;
         memset(&p, 0, sizeof p);
         p.accumulate = accumulate;
         mv_plan_add(&p, W, bias, y);
-        matvec_stream(&p, in, n_in, st);
-        return;
+        if (mv_use_stream(&p, n_in)) {
+            matvec_stream(&p, in->q, n_in, st);
+            return;
+        }
     }
-    if (in->ss) die("mat-vec '%s': a folded RMSNorm needs the streaming kernel", W->name);
     if (W->planes) {
         if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
         // rows longer than one pass of the block (the FFN down projections) take half the rows per
@@ -3003,11 +2943,11 @@ static void matvec_batch(int n, const Tensor *const *W, const float *const *bias
         for (int i = 0; i < n; i++) matvec(W[i], in, y[i], bias[i], 0, st);
         return;
     }
-    if (!mv_old()) {
-        MvPlan p;
-        memset(&p, 0, sizeof p);
-        for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], bias[i], y[i]);
-        matvec_stream(&p, in, (int)W[0]->n_in, st);
+    MvPlan p;
+    memset(&p, 0, sizeof p);
+    for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], bias[i], y[i]);
+    if (mv_use_stream(&p, (int)W[0]->n_in)) {
+        matvec_stream(&p, in->q, (int)W[0]->n_in, st);
         return;
     }
     MatVecBatch b;
@@ -3026,23 +2966,6 @@ static void matvec_batch(int n, const Tensor *const *W, const float *const *bias
     KERNEL_CHECK();
 }
 
-// x += W h, the residual add, with the next RMSNorm folded in: each finished block of 32 values of x
-// leaves x * norm_w quantized in out->q and sum(x^2) in out->ss, and the mat-vecs reading out scale
-// their rows by rsqrt(mean(x^2) + eps) (MvPlan). W in planes; counters: (n_out/32), zero.
-// C twin: matvec_xq_c, then quantize_block_c of x * norm_w and the sums.
-static void matvec_residual_norm(const Tensor *W, const Act *in, float *x, const float *norm_w, Act *out, int *counters,
-                                 cudaStream_t st) {
-    if (!W->planes || !out->ss || W->n_out % 32) die("mat-vec '%s': cannot fold the next RMSNorm into it", W->name);
-    MvPlan p;
-    memset(&p, 0, sizeof p);
-    p.accumulate = 1;
-    mv_plan_add(&p, W, NULL, x);
-    p.group_done = counters;
-    p.norm_w = norm_w;
-    p.norm_out = *out;
-    matvec_stream(&p, in, (int)W->n_in, st);
-}
-
 // q, k and v from the same normalized input.
 static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, const float *bq, const float *bk,
                        const float *bv, const Act *in, float *q, float *k, float *v, cudaStream_t st) {
@@ -3057,15 +2980,17 @@ static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, con
 // group_done: (n_ff/32) zeroed counters for the fused kernel.
 static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h, float *u, int *group_done, cudaStream_t st) {
     int n_ff = (int)G->n_out, n_sub = (int)G->n_in / 32;
-    if (G->planes && U->planes && n_ff % 32 == 0 && in->q.q && !mv_old()) {
+    if (G->planes && U->planes && n_ff % 32 == 0 && in->q.q) {
         MvPlan p;
         memset(&p, 0, sizeof p);
         mv_plan_add(&p, G, NULL, h->f); // gate into h, made silu(gate) * up in place per group
         mv_plan_add(&p, U, NULL, u);
         p.group_done = group_done;
         p.h = *h;
-        matvec_stream(&p, in, (int)G->n_in, st);
-        return;
+        if (mv_use_stream(&p, (int)G->n_in) || G->type != U->type) {
+            matvec_stream(&p, in->q, (int)G->n_in, st);
+            return;
+        }
     }
     if (G->planes && U->planes && G->type == U->type && n_ff % 32 == 0 && in->q.q) {
         const uint8_t *wg = (const uint8_t *)G->dev, *wu = (const uint8_t *)U->dev;
@@ -3871,7 +3796,6 @@ typedef struct {
     size_t arena_bytes;
     float *x;              // (n_embd) residual stream
     Act xb;                // (n_embd) normalized input of the next mat-vec
-    float *norm_ss;        // (n_embd/32) xb.ss when the RMSNorms are folded into the mat-vecs (fold_norms)
     float *q;              // (n_head*head_dim)
     float *k, *v;          // (n_head_kv*head_dim)
     Act att_out;           // (n_head*head_dim)
@@ -3879,7 +3803,7 @@ typedef struct {
     float *part_ml;        // (n_head, n_split, 2) their softmax max and sum
     Act hb;                // (n_ff) FFN hidden: silu(gate) * up
     float *hb2;            // (n_ff) up, on the generic path
-    int *group_done;       // (max(n_ff, n_embd)/32) counters of the gate/up and residual mat-vecs
+    int *group_done;       // (n_ff/32) counters of the fused gate/up kernel
     int *kv_done;          // (n_head_kv) counters of the attention kernel
     float *qg;             // (n_head*2*head_dim) qwen35: per head [q | gate]
     // Gated DeltaNet (qwen35); S = ssm_state, conv_dim = (2*Hk + Hv)*S
@@ -4275,7 +4199,6 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
 #define CARVE(ptr, type, bytes) (ptr = (type)p, p += ALIGN256(bytes))
     CARVE(s->x, float *, c->n_embd * 4u);
     s->xb = act_carve(&p, c->n_embd);
-    CARVE(s->norm_ss, float *, c->n_embd / 32 * 4u + 4);
     CARVE(s->q, float *, qdim * 4);
     CARVE(s->k, float *, kvdim * 4);
     CARVE(s->v, float *, kvdim * 4);
@@ -4284,7 +4207,7 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
     CARVE(s->part_ml, float *, (size_t)c->n_head * n_split * 8);
     s->hb = act_carve(&p, c->n_ff);
     CARVE(s->hb2, float *, c->n_ff * 4u);
-    CARVE(s->group_done, int *, (c->n_ff > c->n_embd ? c->n_ff : c->n_embd) / 32 * 4u + 4); // gate/up, then the folded norms
+    CARVE(s->group_done, int *, c->n_ff / 32 * 4u + 4);
     CARVE(s->kv_done, int *, c->n_head_kv * 4u);
     CARVE(s->pos, int *, 4);
     if (c->arch == ARCH_QWEN35) CARVE(s->qg, float *, 2 * qdim * 4);
@@ -4418,8 +4341,7 @@ static void attention_block_gpu(const Model *m, GpuState *s, int l) {
              c->n_head_kv, hd, c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
     PROF("attention", 0, attention(s->q, kc, vc, s->part_o, s->part_ml, s->kv_done, &s->att_out, gated ? s->qg + hd : NULL,
                                    2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st));
-    if (s->xb.ss) PROF("attn_output", L->wo.nbytes, matvec_residual_norm(&L->wo, &s->att_out, s->x, DEV(L->ffn_norm), &s->xb, s->group_done, st));
-    else PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
+    PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
 }
 
 static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
@@ -4440,24 +4362,7 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
     PROF("gdn_norm", 0, (gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z, DEV(L->ssm_norm), c->eps),
                          KERNEL_CHECK()));
-    if (s->xb.ss) PROF("gdn_out", L->ssm_out.nbytes, matvec_residual_norm(&L->ssm_out, &s->gdn_out, s->x, DEV(L->ffn_norm), &s->xb, s->group_done, st));
-    else PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
-}
-
-// Fold the RMSNorms into the mat-vecs (Act.ss: no norm launches, the residual mat-vecs leave the next
-// norm's input quantized) when every weight that reads a norm or writes the residual is in planes,
-// which the streaming kernel needs; else each norm is a launch of its own.
-static int fold_norms(const Model *m) {
-    const Config *c = &m->c;
-    if (mv_old() || c->n_embd % 32 || !m->w.output.planes) return 0;
-    for (int l = 0; l < c->n_layer; l++) {
-        const LayerWeights *L = &m->w.layers[l];
-        const Tensor *t[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wqkv, &L->wz, &L->w_beta, &L->w_alpha, &L->ssm_out,
-                             &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-            if (t[i]->name && !t[i]->planes) return 0;
-    }
-    return 1;
+    PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
 }
 
 // The device work for one token, enqueued on the stream (captured into the graph, or run directly
@@ -4466,24 +4371,19 @@ static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     const Config *c = &m->c;
     const Weights *w = &m->w;
     cudaStream_t st = s->stream;
-    int E = c->n_embd, fold = fold_norms(m);
-    s->xb.ss = fold ? s->norm_ss : NULL; // folded: the norms happen in the residual mat-vecs below
-    s->xb.eps = c->eps;
-    PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->layers[0].attn_norm), E, c->eps, st));
+    int E = c->n_embd;
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
-        if (l > 0 && !fold) PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st));
+        PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st));
         if (c->kind[l] == LAYER_DELTANET) deltanet_block_gpu(m, s, l);
         else attention_block_gpu(m, s, l);
         // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
-        if (!fold) PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st));
+        PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st));
         PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes,
              ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, s->group_done, st));
-        const float *next_norm = DEV(l + 1 < c->n_layer ? w->layers[l + 1].attn_norm : w->output_norm);
-        if (fold) PROF("ffn_down", L->w_down.nbytes, matvec_residual_norm(&L->w_down, &s->hb, s->x, next_norm, &s->xb, s->group_done, st));
-        else PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
+        PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
     }
-    if (!fold) PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st));
+    PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st));
     PROF("output", w->output.nbytes, matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st));
 }
 

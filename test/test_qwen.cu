@@ -1484,6 +1484,8 @@ static void test_gpu_quantize(void) {
     free_hxq(&want); free_hxq(&got); free_hxq(&zero); free_xq(dq); cudaFree(dx); free(x);
 }
 
+// the fast mat-vec kernel under test, for the check names
+#define MV_TAG(fast) (!(fast) ? "" : g_mv_mode == MV_STREAM ? " (streaming)" : " (per-block)")
 static void test_gpu_matvec(void) {
     const int types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
                          GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
@@ -1497,10 +1499,11 @@ static void test_gpu_matvec(void) {
         double worst = 0, worst_exact = 0;
         int repack_ok = 1;
         char name[160], name2[160], name3[160];
-        snprintf(name, sizeof name, "gpu mat-vec %s vs %s (6 shapes, bias, accumulate): |d|/sum|wx|", type_name(type),
+        snprintf(name, sizeof name, "gpu mat-vec %s%s vs %s (6 shapes, bias, accumulate): |d|/sum|wx|", type_name(type), MV_TAG(fast),
                  fast ? "matvec_xq_c" : "matvec_c");
-        snprintf(name2, sizeof name2, "gpu repack_kernel %s vs repack_c: bit-identical planes", type_name(type));
-        snprintf(name3, sizeof name3, "gpu mat-vec %s with 16-bit x vs exact fp32 x: |d|/sum|wx|", type_name(type));
+        if (!fast && g_mv_mode == MV_BLOCKS) continue; // one kernel for the other types
+        snprintf(name2, sizeof name2, "gpu repack_kernel %s%s vs repack_c: bit-identical planes", type_name(type), MV_TAG(fast));
+        snprintf(name3, sizeof name3, "gpu mat-vec %s%s with 16-bit x vs exact fp32 x: |d|/sum|wx|", type_name(type), MV_TAG(fast));
         if (!HAVE_GPU) {
             skip(name, "no GPU");
             if (fast) { skip(name2, "no GPU"); skip(name3, "no GPU"); }
@@ -1568,7 +1571,7 @@ static void test_gpu_gate_up(void) {
     for (int ti = 0; ti < 4; ti++) {
         int type = types[ti];
         char name[160];
-        snprintf(name, sizeof name, "gpu ffn_gate_up (streaming, silu and quantization per 32 rows) %s vs matvec_xq_c x2 + silu_c: |d|/scale", type_name(type));
+        snprintf(name, sizeof name, "gpu ffn_gate_up %s%s vs matvec_xq_c x2 + silu_c: |d|/scale", type_name(type), MV_TAG(1));
         if (!HAVE_GPU) { skip(name, "no GPU"); continue; }
         const int n_in = 512, n_ff = 96;
         size_t rb = row_bytes(type, n_in);
@@ -1612,86 +1615,10 @@ static void test_gpu_gate_up(void) {
     }
 }
 
-// The RMSNorm folded into the mat-vecs: a residual mat-vec leaves x * w quantized per block with the
-// sums of squares of x, and a mat-vec reading that scales its rows by rsqrt(mean(x^2) + eps).
-static void test_gpu_norm_fold(void) {
-    const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
-    for (int ti = 0; ti < 4; ti++) {
-        int type = types[ti];
-        char name[160];
-        snprintf(name, sizeof name, "gpu residual mat-vec + folded RMSNorm, then its reader, %s, vs C: |d|/scale", type_name(type));
-        if (!HAVE_GPU) { skip(name, "no GPU"); continue; }
-        const int n_h = 768, n = 256, n_out2 = 70; // h (n_h) -> residual x (n) -> y (n_out2)
-        const float eps = 1e-6f;
-        size_t rb = row_bytes(type, n_h), rb2 = row_bytes(type, n);
-        uint8_t *w = (uint8_t *)xmalloc(rb * n), *w2 = (uint8_t *)xmalloc(rb2 * n_out2);
-        for (int r = 0; r < n; r++) random_row(type, w + r * rb, n_h);
-        for (int r = 0; r < n_out2; r++) random_row(type, w2 + r * rb2, n);
-        float h[n_h], x0[n], nw[n], xr[n], xg[n], xw[n], row[n_h], y2[n_out2], y2r[n_out2], ssg[n / 32];
-        random_act(h, n_h);
-        for (int i = 0; i < n; i++) { x0[i] = 3.0f * nrand(); nw[i] = 0.5f + urand(); }
-        HostXQ hq = quantize_host(h, n_h);
-        Tensor W = {"res", type, n_h, n, w, rb * n, NULL, 0}, W2 = {"reader", type, n, n_out2, w2, rb2 * n_out2, NULL, 0};
-        upload_like_engine(&W);
-        upload_like_engine(&W2);
-        memcpy(xr, x0, sizeof xr);
-        matvec_xq_c(&W, hq.H, hq.L, hq.s, NULL, xr, 1, row);
-        Act in, out;
-        memset(&in, 0, sizeof in);
-        memset(&out, 0, sizeof out);
-        in.q = upload_xq(&hq);
-        HostXQ blank = quantize_host(x0, n);
-        out.q = upload_xq(&blank); // same shape; overwritten by the kernel
-        CUDA_CHECK(cudaMalloc(&out.ss, n / 32 * 4));
-        out.eps = eps;
-        float *dx = (float *)dcopy(x0, sizeof x0), *dnw = (float *)dcopy(nw, sizeof nw), *dy2;
-        CUDA_CHECK(cudaMalloc(&dy2, n_out2 * 4));
-        int *cnt;
-        CUDA_CHECK(cudaMalloc(&cnt, n / 32 * 4));
-        CUDA_CHECK(cudaMemset(cnt, 0, n / 32 * 4));
-        matvec_residual_norm(&W, &in, dx, dnw, &out, cnt, 0);
-        matvec(&W2, &out, dy2, NULL, 0, 0);
-        int counters[n / 32];
-        CUDA_CHECK(cudaMemcpy(counters, cnt, sizeof counters, cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(xg, dx, sizeof xg, cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(ssg, out.ss, sizeof ssg, cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(y2, dy2, sizeof y2, cudaMemcpyDeviceToHost));
-        double worst = 0;
-        for (int i = 0; i < n / 32; i++) if (counters[i]) worst = 1; // every counter back at zero
-        for (int r = 0; r < n; r++) { // the residual: x0 + W h
-            dequant_row(type, w + r * rb, row, n_h);
-            double sc = fabs(x0[r]);
-            for (int k = 0; k < n_h; k++) sc += fabs((double)row[k] * h[k]);
-            worst = fmax(worst, fabs(xg[r] - xr[r]) / sc);
-        }
-        double ss_all = 0;
-        for (int b = 0; b < n / 32; b++) { // the sums of squares of the GPU's own x
-            double t = 0;
-            for (int i = 0; i < 32; i++) t += (double)xg[32 * b + i] * xg[32 * b + i];
-            worst = fmax(worst, fabs(ssg[b] - t) / t);
-            ss_all += t;
-        }
-        for (int i = 0; i < n; i++) xw[i] = xg[i] * nw[i];
-        HostXQ gq = download_xq(out.q, n), wq = quantize_host(xw, n); // the blocks of x * w, bit for bit
-        int same = same_xq(&gq, &wq);
-        matvec_xq_c(&W2, wq.H, wq.L, wq.s, NULL, y2r, 0, row);
-        double inv = 1.0 / sqrt(ss_all / n + eps);
-        for (int r = 0; r < n_out2; r++) { // the reader: rows scaled by the RMS factor
-            dequant_row(type, w2 + r * rb2, row, n);
-            double sc = 0;
-            for (int k = 0; k < n; k++) sc += fabs((double)row[k] * xw[k]) * inv;
-            worst = fmax(worst, fabs(y2[r] - y2r[r] * inv) / sc);
-        }
-        report(worst <= 1e-5 && same, name, worst, 1e-5);
-        free_hxq(&hq); free_hxq(&blank); free_hxq(&gq); free_hxq(&wq);
-        free_xq(in.q); free_xq(out.q); cudaFree(out.ss); cudaFree(dx); cudaFree(dnw); cudaFree(dy2); cudaFree(cnt);
-        cudaFree(W.dev); cudaFree(W2.dev); free(w); free(w2);
-    }
-}
-
 // q, k, v in one launch: three matrices of different fast types against matvec_xq_c
 static void test_gpu_qkv_batch(void) {
-    const char *name = "gpu q/k/v in one streaming launch (Q4_0 + Q5_K + IQ4_XS, bias) vs matvec_xq_c: |d|/scale";
+    char name[160];
+    snprintf(name, sizeof name, "gpu q/k/v in one launch%s (Q4_0 + Q5_K + IQ4_XS, bias) vs matvec_xq_c: |d|/scale", MV_TAG(1));
     if (!HAVE_GPU) { skip(name, "no GPU"); return; }
     const int n_in = 768, types[3] = {GGML_TYPE_Q4_0, GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS}, n_out[3] = {130, 34, 64};
     float x[n_in], row[n_in];
@@ -2344,10 +2271,12 @@ int main(int argc, char **argv) {
     test_models(0);
 
     test_gpu_quantize();
-    test_gpu_matvec();
-    test_gpu_gate_up();
-    test_gpu_norm_fold();
-    test_gpu_qkv_batch();
+    for (g_mv_mode = MV_STREAM; g_mv_mode <= MV_BLOCKS; g_mv_mode++) { // both fast mat-vec kernels
+        test_gpu_matvec();
+        test_gpu_gate_up();
+        test_gpu_qkv_batch();
+    }
+    g_mv_mode = MV_AUTO;
     test_gpu_small_kernels();
     test_gpu_deltanet();
     test_gpu_deltanet_rows();
