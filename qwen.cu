@@ -2041,18 +2041,7 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 // finished per block of 32; the warp that brings a block's count to 64 (its 32 gate and 32 up rows)
 // writes h = silu(gate) * up for those rows and quantizes them for the down projection.
 // C twin: matvec_xq_c per matrix (then silu_c and quantize_block_c for gate/up).
-// Rows per group: each activation load serves this many rows. The types with more bytes of scales
-// (Q5_K, Q6_K) hold more registers per row and take fewer.
-#ifndef MV_ROWS_LIGHT
-#define MV_ROWS_LIGHT 4 // Q4_0, IQ4_XS
-#endif
-#ifndef MV_ROWS_HEAVY
-#define MV_ROWS_HEAVY 4 // Q5_K, Q6_K
-#endif
-#define MV_ROWS (MV_ROWS_LIGHT > MV_ROWS_HEAVY ? MV_ROWS_LIGHT : MV_ROWS_HEAVY) // the most
-__host__ __device__ constexpr int mv_rows(int type) {
-    return type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K ? MV_ROWS_HEAVY : MV_ROWS_LIGHT;
-}
+#define MV_ROWS 4 // rows per group: each activation load serves this many (measured best of 1, 2, 4)
 #define MV_THREADS 256
 #ifndef MV_MIN_BLOCKS
 #define MV_MIN_BLOCKS 2 // blocks per SM the register budget is set for (__launch_bounds__): 128 registers
@@ -2150,7 +2139,7 @@ __device__ __forceinline__ void mv_rows_part(const MvPlan &p, int m, int grp, in
 // Units [c0, c1) of matrix m (unit c: group c / cpr, chunk c % cpr), this warp's piece of it.
 template <int TYPE>
 __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, int c1, int warp, MvCount &cnt) {
-    const int R = mv_rows(TYPE);
+    const int R = MV_ROWS;
     const uint8_t *W = p.w[m];
     int lane = threadIdx.x % WARP, cpr = (n_sub + WARP - 1) / WARP, last_row = p.n_out[m] - 1;
     size_t NB = (size_t)p.n_out[m] * n_sub;
@@ -2229,8 +2218,7 @@ static int mv_grid_blocks(void) {
 
 // Add matrix W (in planes) to the plan: y = W x (+ bias).
 static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y) {
-    int m = p->n++, cpr = (int)(W->n_in / 32 + WARP - 1) / WARP, R = mv_rows(W->type);
-    int groups = (int)(W->n_out + R - 1) / R;
+    int m = p->n++, cpr = (int)(W->n_in / 32 + WARP - 1) / WARP, groups = (int)(W->n_out + MV_ROWS - 1) / MV_ROWS;
     p->w[m] = (const uint8_t *)W->dev;
     p->bias[m] = bias;
     p->y[m] = y;
@@ -2269,9 +2257,9 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
 // LOADS_FIRST: a __syncwarp() between a pass's loads and its arithmetic. Left alone, ptxas issues
 // the loads of row r+1 only once row r's arithmetic is under way (it saves registers that way): one
 // or two loads in flight per thread. A warp barrier is a point no memory access may cross, so every
-// load is issued before it, at the cost of registers for all of them. Measured (test/PERF_NOTES.md):
-// faster for rows of several passes and for the batch kernel, slower for one-pass rows at 8 rows per
-// block, where the extra registers cost resident blocks.
+// load is issued before it, at the cost of registers for all of them. Set by measurement: faster for
+// rows of several passes and for the batch kernel, slower for one-pass rows at 8 rows per block,
+// where the extra registers cost resident blocks (the numbers of that comparison were not kept).
 template <int TYPE, int R, bool LOADS_FIRST>
 __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
                                           const XQ &xq,       // (n_sub) blocks of the input
@@ -2904,9 +2892,6 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
             matvec_stream(&p, in->q, n_in, st);
             return;
         }
-    }
-    if (W->planes) {
-        if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
         // rows longer than one pass of the block (the FFN down projections) take half the rows per
         // block: twice the blocks, since each one walks its rows pass after pass
         int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
@@ -2975,9 +2960,10 @@ static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, con
     matvec_batch(3, W, bias, y, in, st);
 }
 
-// h = silu(G x) * (U x) for the FFN, fp32 and quantized. The fused kernel when both weights are
-// in planes of the same fast type, else two mat-vecs and silu_mul_quant_kernel (u: (n_ff) scratch).
-// group_done: (n_ff/32) zeroed counters for the fused kernel.
+// h = silu(G x) * (U x) for the FFN, fp32 and quantized. Both weights in planes: one launch, of the
+// streaming kernel (gate into h, up into u) or, when that does not pay and the types match, of the
+// per-block ffn_gate_up_silu_kernel; else two mat-vecs and silu_mul_quant_kernel (u: (n_ff) scratch).
+// group_done: (n_ff/32) zeroed counters for the one-launch kernels.
 static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h, float *u, int *group_done, cudaStream_t st) {
     int n_ff = (int)G->n_out, n_sub = (int)G->n_in / 32;
     if (G->planes && U->planes && n_ff % 32 == 0 && in->q.q) {
@@ -4894,7 +4880,6 @@ __global__ void fill_random_half_kernel(__half *p, size_t n, uint32_t seed) {
 
 static int cmp_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x > y) - (x < y); }
 
-// Device-to-device copy of 1 GiB, counted as bytes read + bytes written, median of 10.
 // The ceiling a read-only kernel can reach, for reference next to the copy bandwidth: every thread
 // streams 16-byte loads, 4 in flight, over a buffer, and folds them into one word it rarely writes.
 __global__ void read_stream_kernel(const int4 *p, size_t n /* int4s */, int *sink) {
@@ -5100,7 +5085,9 @@ static void run_bench(Model *m, int n_ctx) {
                100.0 * bw / copy_bw);
     }
 
-    if (getenv("QWEN_BENCH_DECODE_ONLY") && !strcmp(getenv("QWEN_BENCH_DECODE_ONLY"), "1")) { // tuning: contexts only
+    // tuning runs: QWEN_BENCH_DECODE_ONLY=1 stops after the two contexts, any other value skips the prefill
+    const char *decode_only = getenv("QWEN_BENCH_DECODE_ONLY");
+    if (decode_only && !strcmp(decode_only, "1")) {
         gpu_state_free(&s);
         return;
     }
@@ -5116,7 +5103,7 @@ static void run_bench(Model *m, int n_ctx) {
     bench_matvecs(m, &s, copy_bw);
 
     // prefill: pp512 = a 512-token prompt from position 0, logits of its last token
-    if (s.n_batch >= 512 && !getenv("QWEN_BENCH_DECODE_ONLY")) {
+    if (s.n_batch >= 512 && !decode_only) {
         const int P = 512;
         int toks[512];
         uint64_t r = 42;
