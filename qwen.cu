@@ -2237,6 +2237,77 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     KERNEL_CHECK();
 }
 
+// out = x / sqrt(mean(x^2) + eps) * w in fp32, and (n a multiple of 32) its quantized copy.
+// Every block sums the squares of all of x (20 KB from L2, cheaper than a second launch) and then
+// handles its own 32-value blocks, one per warp. The kernel is all latency (~130 launches a token),
+// so every load is issued before the first add: x as up to 8 float4 per thread, and the block's own
+// x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
+#define NORM_THREADS 256
+// The work of block blk of nblk: the whole sum of squares, then 32-value blocks blk*nw + warp,
+// stepping nblk*nw (one block alone does all of them: the norm folded into a mat-vec, below).
+// x is read from L2 (__ldcg): in the folded norm other blocks of the same launch wrote it.
+__device__ void rmsnorm_quant_part(Act out, const float *x, const float *w /* (n) */, int n, float eps, int blk, int nblk) {
+    int lane = threadIdx.x % WARP, nw = blockDim.x / WARP, nb = n / 32, step = nblk * nw;
+    int quant = out.q.q && n % 32 == 0, b = blk * nw + threadIdx.x / WARP;
+    float xi = 0.0f, wi = 0.0f;
+    if (quant && b < nb) { xi = __ldcg(&x[32 * b + lane]); wi = w[32 * b + lane]; }
+    float ss = 0.0f;
+    if (n % 4 == 0) {
+        const float4 *x4 = (const float4 *)x;
+        int n4 = n / 4;
+        float4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            v[k] = j < n4 ? __ldcg(&x4[j]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        for (int j = threadIdx.x + 8 * blockDim.x; j < n4; j += blockDim.x) {
+            float4 u = __ldcg(&x4[j]);
+            ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
+        }
+    } else {
+        for (int j = threadIdx.x; j < n; j += blockDim.x) ss += __ldcg(&x[j]) * __ldcg(&x[j]);
+    }
+    ss = block_sum(ss);
+    float scale = rsqrtf(ss / n + eps);
+    if (quant) {
+        for (; b < nb; b += step) {
+            if (b >= blk * nw + nw) { xi = __ldcg(&x[32 * b + lane]); wi = w[32 * b + lane]; } // past the first
+            float v = xi * scale * wi;
+            out.f[32 * b + lane] = v;
+            quantize_block_warp(v, out.q, b, nb);
+        }
+    } else {
+        for (int j = blk * blockDim.x + threadIdx.x; j < n; j += nblk * blockDim.x) out.f[j] = __ldcg(&x[j]) * scale * w[j];
+    }
+}
+__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out, const float *x, const float *w /* (n) */, int n, float eps) {
+    rmsnorm_quant_part(out, x, w, n, eps, blockIdx.x, gridDim.x);
+}
+
+// The RMSNorm folded into the mat-vec that writes the residual stream (attn_output, ssm_out,
+// ffn_down: x += W in): every block counts itself done after its rows are written, and the last
+// one normalizes the whole of x into out, saving a launch (and its gap) per norm.
+typedef struct {
+    int *done;       // a zeroed counter, or NULL: no norm
+    const float *w;  // (n) norm weight
+    Act out;         // (n) the normalized x, fp32 and quantized
+    float eps;
+} NormFold;
+__device__ void norm_fold_tail(const NormFold &nf, const float *x /* (n) */, int n) {
+    __shared__ int last;
+    __threadfence(); // this block's rows of x are visible before it counts itself
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(nf.done, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    rmsnorm_quant_part(nf.out, x, nf.w, n, nf.eps, 0, 1);
+    if (threadIdx.x == 0) *nf.done = 0; // ready for the next launch
+}
+
 // y[r] = W[r,:] . x (+ bias[r]) (+ y[r]) for the fast types. A block owns R consecutive rows and
 // all its threads walk the rows' sub-blocks together (thread t takes sub-blocks t, t + T, ...), so
 // every activation block a thread loads serves R rows, and even a short row keeps a whole block of
@@ -2272,15 +2343,20 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (int u = threadIdx.x; u < n_sub; u += blockDim.x) {
+    // The loop bound is the same for a whole warp (its first lane's sub-block): __syncwarp() needs
+    // every lane. Lanes past the row's end redo its last sub-block and drop the result.
+    for (int u0 = threadIdx.x - lane; u0 < n_sub; u0 += blockDim.x) {
+        int u = min(u0 + lane, n_sub - 1);
         // all R rows' loads first (rows past the end read the last row and are not written)
         WSub w[R];
 #pragma unroll
         for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (size_t)min(row0 + r, n_out - 1) * n_sub + u, NB);
         XBlock xb = load_xblock(xq, u, n_sub);
         if (LOADS_FIRST) __syncwarp();
+        if (u0 + lane < n_sub) {
 #pragma unroll
-        for (int r = 0; r < R; r++) acc[r] += sub_dot<TYPE>(w[r], u % 8, xb);
+            for (int r = 0; r < R; r++) acc[r] += sub_dot<TYPE>(w[r], u % 8, xb);
+        }
     }
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -2299,8 +2375,9 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
 
 template <int TYPE, int R, bool LOADS_FIRST>
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
-matvec_fast_kernel(const uint8_t *W, XQ xq, const float *bias, float *y, int n_sub, int n_out, int accumulate) {
+matvec_fast_kernel(const uint8_t *W, XQ xq, const float *bias, float *y, int n_sub, int n_out, int accumulate, NormFold nf) {
     fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
+    if (nf.done) norm_fold_tail(nf, y, n_out);
 }
 
 // Up to four mat-vecs on the same input in one launch (q, k, v; or DeltaNet's qkv, z, beta, alpha):
@@ -2408,48 +2485,6 @@ ffn_gate_up_silu_kernel(const uint8_t *Wg, const uint8_t *Wu, // planes, (n_ff r
 
 // --- norms, RoPE + KV cache, attention, SwiGLU ---------------------------------------------------
 
-// out = x / sqrt(mean(x^2) + eps) * w in fp32, and (n a multiple of 32) its quantized copy.
-// Every block sums the squares of all of x (20 KB from L2, cheaper than a second launch) and then
-// handles its own 32-value blocks, one per warp. The kernel is all latency (~130 launches a token),
-// so every load is issued before the first add: x as up to 8 float4 per thread, and the block's own
-// x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
-#define NORM_THREADS 256
-__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out, const float *x, const float *w /* (n) */, int n, float eps) {
-    int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
-    int quant = out.q.q && n % 32 == 0, b = blockIdx.x * nw + threadIdx.x / WARP, i = 32 * b + lane;
-    float xi = 0.0f, wi = 0.0f;
-    if (quant && b < n / 32) { xi = x[i]; wi = w[i]; }
-    float ss = 0.0f;
-    if (n % 4 == 0) {
-        const float4 *x4 = (const float4 *)x;
-        int n4 = n / 4;
-        float4 v[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            int j = threadIdx.x + k * blockDim.x;
-            v[k] = j < n4 ? x4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int k = 0; k < 8; k++) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-        for (int j = threadIdx.x + 8 * blockDim.x; j < n4; j += blockDim.x) {
-            float4 u = x4[j];
-            ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
-        }
-    } else {
-        for (int j = threadIdx.x; j < n; j += blockDim.x) ss += x[j] * x[j];
-    }
-    ss = block_sum(ss);
-    float scale = rsqrtf(ss / n + eps);
-    if (quant) {
-        if (b < n / 32) {
-            float v = xi * scale * wi;
-            out.f[i] = v;
-            quantize_block_warp(v, out.q, b, n / 32);
-        }
-    } else {
-        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) out.f[j] = x[j] * scale * w[j];
-    }
-}
 static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float eps, cudaStream_t st) {
     int blocks = (n / 32 + NORM_THREADS / WARP - 1) / (NORM_THREADS / WARP);
     rmsnorm_quant_kernel<<<blocks > 0 ? blocks : 1, NORM_THREADS, 0, st>>>(*out, x, w, n, eps);
@@ -2514,15 +2549,34 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
 }
 
 // Attention for the token at *pos, split along the keys ("flash decoding") so that long contexts
-// spread over many blocks: block (kv head j, split s) takes keys [s*chunk, (s+1)*chunk) ∩ [0, pos]
-// for the g = n_head/n_kv query heads that share kv head j, so each K/V row is read once for all of
-// them. The chunk's K and V rows are first copied to shared memory with 16-byte loads (all in
-// flight at once), then scores, softmax and the weighted sum of V run from there. Output per query
-// head: its partial softmax state, max m, sum l of exp(score - m), o = sum exp(score - m) V;
-// attention_combine_kernel merges the splits. C twin: attention_c.
+// spread over many blocks. The keys [0, pos] are cut into chunks of `chunk` keys, and the chunks
+// into at most n_split splits of cps consecutive chunks each (cps = ceil(chunks / n_split), so
+// the number of splits, and the cost of merging them, stays bounded as the context grows). Block
+// (kv head j, split s) takes its chunks one after the other for the g = n_head/n_kv query heads
+// that share kv head j, so each K/V row is read once for all of them. A chunk's K and V rows are
+// first copied to shared memory with 16-byte loads (all in flight at once), then scores, softmax and
+// the weighted sum of V run from there, folded into the split's running state (online softmax):
+//   m' = max(m, max score),  c = e^(m - m'),  l' = c l + sum e^(score - m'),  o' = c o + sum e^(score - m') V.
+// Output per query head and split: m, l, o. The last block of a kv head merges the splits (below).
+// C twin: attention_c.
 #define ATT_THREADS 256
-// keys per split: 64 for head_dim <= 128, fewer for wider heads (shared memory)
+// keys per chunk: 64 for head_dim <= 128, fewer for wider heads (shared memory)
 static int att_chunk(int hd) { return hd <= 128 ? 64 : 8192 / hd; }
+// Most splits per kv head for a cache of n_ctx keys: one chunk each up to ATT_SPLITS chunks, then
+// longer splits (the merge reads ATT_SPLITS partial states at most). QWEN_ATT_SPLITS=N overrides
+// it (measurement).
+#ifndef ATT_SPLITS
+#define ATT_SPLITS 32
+#endif
+static int att_splits(int n_ctx, int hd) {
+    static int cap = 0;
+    if (!cap) {
+        const char *e = getenv("QWEN_ATT_SPLITS");
+        cap = e && atoi(e) > 0 ? atoi(e) : ATT_SPLITS;
+    }
+    int chunks = (n_ctx + att_chunk(hd) - 1) / att_chunk(hd);
+    return chunks < cap ? chunks : cap;
+}
 #define ATT_MAX_OUT 8     // outputs per thread in the merge: g * head_dim <= 2048
 #define ATT_MERGE_DEPTH 8 // splits per round of the merge
 __host__ __device__ static size_t att_smem_kv(int hd, int chunk) { return ((size_t)chunk * (hd + 2) + 7) / 8 * 16 + (size_t)chunk * hd * 2; }
@@ -2542,66 +2596,89 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
                        const int *pos_p, int n_head, int n_kv, int hd, int n_split, int chunk) {
     extern __shared__ uint4 smem[];
     int j = blockIdx.x, split = blockIdx.y, pos = *pos_p;
-    int t0 = split * chunk;
-    if (t0 > pos) return;
-    int nt = min(chunk, pos + 1 - t0);
+    int n_chunks = pos / chunk + 1, cps = (n_chunks + n_split - 1) / n_split, ns = (n_chunks + cps - 1) / cps;
+    if (split >= ns) return;
     int g = n_head / n_kv;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;
     int ks = hd + 2; // K row stride in halves: +4 bytes puts consecutive rows on consecutive banks
     __half *K = (__half *)smem, *Vs = K + ((size_t)chunk * ks + 7) / 8 * 8; // V 16-byte aligned
     float *qs = (float *)(Vs + (size_t)chunk * hd), *ps = qs + g * hd;
-    // stage: q of the g heads, then the chunk's K and V rows (hd/8 uint4 per row)
-    for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) qs[i] = q[(size_t)j * g * hd + i];
-    int v8 = hd / 8;
-    for (int i = threadIdx.x; i < nt * v8; i += ATT_THREADS) {
-        int t = i / v8, c = i % v8;
-        size_t src = ((size_t)(t0 + t) * n_kv + j) * hd + 8 * c;
-        uint4 kv = *(const uint4 *)(kc + src);
-        uint32_t *kd = (uint32_t *)(K + (size_t)t * ks + 8 * c); // 4-byte aligned only
-        kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
-        *(uint4 *)(Vs + (size_t)t * hd + 8 * c) = *(const uint4 *)(vc + src);
-    }
-    __syncthreads();
-    // scores: one thread per (head, key) pair, a full dot product over the head dims
+    __shared__ float mh[32], lh[32], ch[32]; // per query head (g <= 32): running max, sum, rescale c
+    for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) qs[i] = q[(size_t)j * g * hd + i]; // q of the g heads
+    if (threadIdx.x < g) { mh[threadIdx.x] = -INFINITY; lh[threadIdx.x] = 0.0f; }
+    // o per (head, dim) output i = threadIdx.x + k * ATT_THREADS: one register each (g*hd <= ATT_THREADS*ATT_MAX_OUT)
+    float o[ATT_MAX_OUT];
+#pragma unroll
+    for (int k = 0; k < ATT_MAX_OUT; k++) o[k] = 0.0f;
     float scale = rsqrtf((float)hd);
-    for (int i = threadIdx.x; i < g * nt; i += ATT_THREADS) {
-        int hh = i / nt, t = i % nt;
-        const __half2 *kr = (const __half2 *)(K + (size_t)t * ks);
-        const float *qh = qs + hh * hd;
-        float sc = 0.0f;
-        for (int d = 0; d < hd / 2; d++) {
-            float2 kv = __half22float2(kr[d]);
-            sc += qh[2 * d] * kv.x + qh[2 * d + 1] * kv.y;
+    int v8 = hd / 8;
+    for (int c = split * cps; c < min((split + 1) * cps, n_chunks); c++) {
+        int t0 = c * chunk, nt = min(chunk, pos + 1 - t0);
+        __syncthreads(); // the previous chunk is consumed
+        // stage the chunk's K and V rows (hd/8 uint4 per row)
+        for (int i = threadIdx.x; i < nt * v8; i += ATT_THREADS) {
+            int t = i / v8, cc = i % v8;
+            size_t src = ((size_t)(t0 + t) * n_kv + j) * hd + 8 * cc;
+            uint4 kv = *(const uint4 *)(kc + src);
+            uint32_t *kd = (uint32_t *)(K + (size_t)t * ks + 8 * cc); // 4-byte aligned only
+            kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
+            *(uint4 *)(Vs + (size_t)t * hd + 8 * cc) = *(const uint4 *)(vc + src);
         }
-        ps[hh * chunk + t] = sc * scale;
+        __syncthreads();
+        // scores: one thread per (head, key) pair, a full dot product over the head dims
+        for (int i = threadIdx.x; i < g * nt; i += ATT_THREADS) {
+            int hh = i / nt, t = i % nt;
+            const __half2 *kr = (const __half2 *)(K + (size_t)t * ks);
+            const float *qh = qs + hh * hd;
+            float sc = 0.0f;
+            for (int d = 0; d < hd / 2; d++) {
+                float2 kv = __half22float2(kr[d]);
+                sc += qh[2 * d] * kv.x + qh[2 * d + 1] * kv.y;
+            }
+            ps[hh * chunk + t] = sc * scale;
+        }
+        __syncthreads();
+        // the running softmax state per head: one warp per head
+        for (int hh = wid; hh < g; hh += nw) {
+            float m = mh[hh];
+            for (int t = lane; t < nt; t += WARP) m = fmaxf(m, ps[hh * chunk + t]);
+            m = warp_max(m);
+            float l = 0.0f;
+            for (int t = lane; t < nt; t += WARP) {
+                float e = __expf(ps[hh * chunk + t] - m);
+                ps[hh * chunk + t] = e;
+                l += e;
+            }
+            l = warp_sum(l);
+            if (lane == 0) {
+                float cr = __expf(mh[hh] - m); // 0 for the first chunk (m was -inf)
+                ch[hh] = cr;
+                lh[hh] = cr * lh[hh] + l;
+                mh[hh] = m;
+            }
+        }
+        __syncthreads();
+        // o = c o + sum_t p[t] V[t]
+#pragma unroll
+        for (int k = 0; k < ATT_MAX_OUT; k++) {
+            int i = threadIdx.x + k * ATT_THREADS, hh = i / hd, d = i % hd;
+            if (i >= g * hd) break;
+            const float *p = ps + hh * chunk;
+            float acc = 0.0f;
+            for (int t = 0; t < nt; t++) acc += p[t] * __half2float(Vs[(size_t)t * hd + d]);
+            o[k] = ch[hh] * o[k] + acc;
+        }
     }
-    __syncthreads();
-    // softmax state per head: one warp per head
-    for (int hh = wid; hh < g; hh += nw) {
-        float m = -INFINITY;
-        for (int t = lane; t < nt; t += WARP) m = fmaxf(m, ps[hh * chunk + t]);
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int t = lane; t < nt; t += WARP) {
-            float e = __expf(ps[hh * chunk + t] - m);
-            ps[hh * chunk + t] = e;
-            l += e;
-        }
-        l = warp_sum(l);
-        if (lane == 0) {
-            size_t idx = ((size_t)(j * g + hh) * n_split + split) * 2;
-            part_ml[idx] = m;
-            part_ml[idx + 1] = l;
-        }
+    if (threadIdx.x < g) {
+        size_t idx = ((size_t)(j * g + threadIdx.x) * n_split + split) * 2;
+        part_ml[idx] = mh[threadIdx.x];
+        part_ml[idx + 1] = lh[threadIdx.x];
     }
-    __syncthreads();
-    // o = sum_t p[t] V[t]: one thread per (head, dim) output
-    for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) {
-        int hh = i / hd, d = i % hd;
-        const float *p = ps + hh * chunk;
-        float o = 0.0f;
-        for (int t = 0; t < nt; t++) o += p[t] * __half2float(Vs[(size_t)t * hd + d]);
-        part_o[((size_t)(j * g + hh) * n_split + split) * hd + d] = o;
+#pragma unroll
+    for (int k = 0; k < ATT_MAX_OUT; k++) {
+        int i = threadIdx.x + k * ATT_THREADS, hh = i / hd, d = i % hd;
+        if (i >= g * hd) break;
+        part_o[((size_t)(j * g + hh) * n_split + split) * hd + d] = o[k];
     }
 
     // The last split of this kv head to finish merges all of its splits:
@@ -2609,12 +2686,10 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     __shared__ int last;
     __threadfence();
     __syncthreads();
-    int ns = pos / chunk + 1;
     if (threadIdx.x == 0) last = atomicAdd(&kv_done[j], 1) == ns - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    __shared__ float mh[32], lh[32]; // per query head: max and softmax sum over all splits (g <= 32)
     for (int hh = wid; hh < g; hh += nw) {
         const float *ml = part_ml + (size_t)(j * g + hh) * n_split * 2;
         float m = -INFINITY;
@@ -2628,7 +2703,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     __syncthreads();
     // weights e^(m_s - m) / l in shared memory (the K/V staging area), a tile of splits at a time;
     // each thread accumulates up to ATT_MAX_OUT outputs (g*hd <= ATT_THREADS*ATT_MAX_OUT)
-    float *wts = (float *)smem, o[ATT_MAX_OUT];
+    float *wts = (float *)smem;
     int cap = (int)(att_smem_kv(hd, chunk) / 4), tile = min(ns, cap / g);
 #pragma unroll
     for (int k = 0; k < ATT_MAX_OUT; k++) o[k] = 0.0f;
@@ -2877,11 +2952,26 @@ static int mv_use_stream(const MvPlan *p, int n_in) {
     return p->first_unit[p->n] >= 2 * cpr * warps;
 }
 
+// Whether the RMSNorm after a residual mat-vec is folded into it (QWEN_NORM_FOLD=0: never, for
+// measurement).
+static int norm_fold_on(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("QWEN_NORM_FOLD");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
 // y = W x (+ bias) (+ y when accumulate): the fast kernel (16-bit x) for weights in planes, the
-// generic one (fp32 x) for the rest.
-static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
+// generic one (fp32 x) for the rest. With nf (the per-block fast kernel only; returns 0 when it
+// could not take it) the launch's last block also writes nf->out = rmsnorm(y) * nf->w.
+static int matvec_nf(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, const NormFold *nf,
+                     cudaStream_t st) {
     const uint8_t *w = (const uint8_t *)W->dev;
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
+    NormFold none;
+    memset(&none, 0, sizeof none);
     if (W->planes) {
         if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
         MvPlan p;
@@ -2889,21 +2979,23 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
         p.accumulate = accumulate;
         mv_plan_add(&p, W, bias, y);
         if (mv_use_stream(&p, n_in)) {
+            if (nf) return 0;
             matvec_stream(&p, in->q, n_in, st);
-            return;
+            return 1;
         }
         // rows longer than one pass of the block (the FFN down projections) take half the rows per
         // block: twice the blocks, since each one walks its rows pass after pass
         int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
         int R = long_rows ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
 #define FAST(T)                                                                                                  \
-    if (long_rows) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
-    else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
+    if (long_rows) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate, nf ? *nf : none); \
+    else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate, nf ? *nf : none)
         FAST_TYPE_SWITCH(W->type, FAST)
 #undef FAST
         KERNEL_CHECK();
-        return;
+        return 1;
     }
+    if (nf) return 0;
     const int rows_per_block = 4;
     dim3 grid((unsigned)((n_out + rows_per_block - 1) / rows_per_block)), block(rows_per_block * WARP);
     size_t stride = row_bytes(W->type, W->n_in);
@@ -2917,6 +3009,21 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
     default: die("no GPU mat-vec for type %s (tensor '%s')", type_name(W->type), W->name);
     }
     KERNEL_CHECK();
+    return 1;
+}
+static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
+    matvec_nf(W, in, y, bias, accumulate, NULL, st);
+}
+
+// The residual stream's update and the norm after it: x += W in, then out = rmsnorm(x) * norm_w,
+// fp32 and quantized. One launch when the per-block fast kernel takes W (done: a zeroed counter),
+// else the mat-vec and rmsnorm_quant.
+static void matvec_norm(const Tensor *W, const Act *in, float *x, Act *out, const float *norm_w, float eps, int *done,
+                        cudaStream_t st) {
+    NormFold nf = {done, norm_w, *out, eps};
+    if (norm_fold_on() && matvec_nf(W, in, x, NULL, 1, &nf, st)) return;
+    matvec(W, in, x, NULL, 1, st);
+    rmsnorm_quant(out, x, norm_w, (int)W->n_out, eps, st);
 }
 
 // n mat-vecs y_i = W_i x (+ b_i) from the same input: one launch when all are in planes, else n.
@@ -2994,8 +3101,8 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
 }
 
 // Attention of the token at *pos over one layer's cache: partial softmax states per split, merged
-// into out (fp32 and quantized). n_split = ceil(n_ctx / att_chunk(hd)) is the most splits the cache
-// can need; splits past *pos return at once.
+// into out (fp32 and quantized). n_split = att_splits(n_ctx, hd): the grid's splits per kv head
+// (those past *pos return at once) and the slots of part_o / part_ml.
 // kv_done: (n_kv) zeroed counters. Needs head_dim * g a multiple of 32 (checked in attention_setup).
 static void attention(const float *q, const __half *kc, const __half *vc, float *part_o, float *part_ml, int *kv_done,
                       Act *out, const float *gate, int gate_stride, const int *pos, int n_head, int n_kv, int hd,
@@ -3774,7 +3881,7 @@ __global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */, co
 // the kernels of section 6b, into the same KV cache and DeltaNet states.
 
 typedef struct {
-    int n_ctx, n_split;    // attention splits: ceil(n_ctx / att_chunk(head_dim))
+    int n_ctx, n_split;    // attention splits per kv head: att_splits(n_ctx, head_dim)
     cudaStream_t stream;
     void *weights;         // one allocation holding every uploaded weight
     size_t weight_bytes;
@@ -3791,6 +3898,7 @@ typedef struct {
     float *hb2;            // (n_ff) up, on the generic path
     int *group_done;       // (n_ff/32) counters of the fused gate/up kernel
     int *kv_done;          // (n_head_kv) counters of the attention kernel
+    int *norm_done;        // the counter of the RMSNorm folded into the residual mat-vecs
     float *qg;             // (n_head*2*head_dim) qwen35: per head [q | gate]
     // Gated DeltaNet (qwen35); S = ssm_state, conv_dim = (2*Hk + Hv)*S
     float *gdn_mixed;      // (conv_dim) projections, then conv output [q | k | v]
@@ -4180,7 +4288,7 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
     size_t cache = (size_t)c->n_kv_layers * n_ctx * kvdim; // elements per cache
     size_t conv_dim = gdn_conv_dim(c), vdim = (size_t)c->ssm_inner, Hv = (size_t)c->ssm_v_heads, S = (size_t)c->ssm_state;
     size_t conv_bytes = (size_t)c->n_gdn_layers * 3 * conv_dim * 4, ssm_bytes = (size_t)c->n_gdn_layers * Hv * S * S * 4;
-    int n_split = (n_ctx + att_chunk(c->head_dim) - 1) / att_chunk(c->head_dim);
+    int n_split = att_splits(n_ctx, c->head_dim);
     uint8_t *p = base;
 #define CARVE(ptr, type, bytes) (ptr = (type)p, p += ALIGN256(bytes))
     CARVE(s->x, float *, c->n_embd * 4u);
@@ -4195,6 +4303,7 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
     CARVE(s->hb2, float *, c->n_ff * 4u);
     CARVE(s->group_done, int *, c->n_ff / 32 * 4u + 4);
     CARVE(s->kv_done, int *, c->n_head_kv * 4u);
+    CARVE(s->norm_done, int *, 4);
     CARVE(s->pos, int *, 4);
     if (c->arch == ARCH_QWEN35) CARVE(s->qg, float *, 2 * qdim * 4);
     if (c->n_gdn_layers) {
@@ -4253,7 +4362,7 @@ static void gpu_state_init(GpuState *s, Model *m, int n_ctx) {
     memset(s, 0, sizeof *s);
     prefill_plan(s, m);
     s->n_ctx = n_ctx;
-    s->n_split = (n_ctx + att_chunk(c->head_dim) - 1) / att_chunk(c->head_dim);
+    s->n_split = att_splits(n_ctx, c->head_dim);
     attention_setup(c->n_head, c->n_head_kv, c->head_dim);
     size_t total = gpu_state_carve(s, c, n_ctx, NULL);
     CUDA_CHECK(cudaMalloc(&s->arena, total));
@@ -4327,7 +4436,8 @@ static void attention_block_gpu(const Model *m, GpuState *s, int l) {
              c->n_head_kv, hd, c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
     PROF("attention", 0, attention(s->q, kc, vc, s->part_o, s->part_ml, s->kv_done, &s->att_out, gated ? s->qg + hd : NULL,
                                    2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st));
-    PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
+    PROF("attn_output", L->wo.nbytes,
+         matvec_norm(&L->wo, &s->att_out, s->x, &s->xb, DEV(L->ffn_norm), c->eps, s->norm_done, st));
 }
 
 static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
@@ -4348,28 +4458,32 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
     PROF("gdn_norm", 0, (gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z, DEV(L->ssm_norm), c->eps),
                          KERNEL_CHECK()));
-    PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
+    PROF("gdn_out", L->ssm_out.nbytes,
+         matvec_norm(&L->ssm_out, &s->gdn_out, s->x, &s->xb, DEV(L->ffn_norm), c->eps, s->norm_done, st));
 }
 
 // The device work for one token, enqueued on the stream (captured into the graph, or run directly
 // when profiling). Inputs: s->x holds the embedding row, *s->pos the position. Output: s->logits.
+// Each mat-vec that adds into the residual stream x also writes the norm of x that comes next
+// (matvec_norm): the attention / DeltaNet output the FFN's, ffn_down the next layer's (the last one
+// output_norm). Only the first norm is a launch of its own.
 static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     const Config *c = &m->c;
     const Weights *w = &m->w;
     cudaStream_t st = s->stream;
     int E = c->n_embd;
+    PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->layers[0].attn_norm), E, c->eps, st));
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
-        PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st));
+        // x = x + mixer(norm(x)), then xb = ffn_norm(x)
         if (c->kind[l] == LAYER_DELTANET) deltanet_block_gpu(m, s, l);
         else attention_block_gpu(m, s, l);
-        // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
-        PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st));
+        // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = xb; then xb = the next norm of x
         PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes,
              ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, s->group_done, st));
-        PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
+        const float *next_norm = DEV(l + 1 < c->n_layer ? w->layers[l + 1].attn_norm : w->output_norm);
+        PROF("ffn_down", L->w_down.nbytes, matvec_norm(&L->w_down, &s->hb, s->x, &s->xb, next_norm, c->eps, s->norm_done, st));
     }
-    PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st));
     PROF("output", w->output.nbytes, matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st));
 }
 
@@ -5042,6 +5156,50 @@ static void bench_matvecs(const Model *m, GpuState *s, double copy_bw) {
     cudaEventDestroy(e1);
 }
 
+// Attention alone: every attention layer's attention launch in one graph, at contexts 128 and 2048
+// (what the context adds to a token beyond its KV bytes is here).
+static void bench_attention(const Model *m, GpuState *s) {
+    const Config *c = &m->c;
+    const int ctxs[2] = {128, 2048};
+    cudaStream_t st = s->stream;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    int hd = c->head_dim, gated = c->arch == ARCH_QWEN35;
+    size_t kvdim = (size_t)c->n_head_kv * hd;
+    printf("\nattention alone, its %d layers in one graph (%d kv heads x at most %d splits of %d-key chunks):\n",
+           c->n_kv_layers, c->n_head_kv, s->n_split, att_chunk(hd));
+    printf("  context  us/layer  KV bytes/layer   GB/s\n");
+    for (int ci = 0; ci < 2; ci++) {
+        int pos = ctxs[ci];
+        CUDA_CHECK(cudaMemcpy(s->pos, &pos, 4, cudaMemcpyHostToDevice));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int l = 0; l < c->n_layer; l++) {
+            if (c->kind[l] == LAYER_DELTANET) continue;
+            size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
+            attention(s->q, s->key_cache + layer_off, s->value_cache + layer_off, s->part_o, s->part_ml, s->kv_done,
+                      &s->att_out, gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st);
+        }
+        CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+        CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+        CUDA_CHECK(cudaGraphLaunch(exec, st));
+        CUDA_CHECK(cudaEventRecord(e0, st));
+        for (int r = 0; r < 10; r++) CUDA_CHECK(cudaGraphLaunch(exec, st));
+        CUDA_CHECK(cudaEventRecord(e1, st));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        double t = ms * 1e-3 / 10 / c->n_kv_layers, bytes = 2.0 * (pos + 1) * kvdim * 2;
+        printf("  %7d  %8.2f  %14.0f  %6.0f\n", pos, t * 1e6, bytes, bytes / t / 1e9);
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
+
 static void run_bench(Model *m, int n_ctx) {
     const int ctxs[2] = {128, 2048};
     if (n_ctx < 2048 + 1) n_ctx = 2048 + 1;
@@ -5084,6 +5242,8 @@ static void run_bench(Model *m, int n_ctx) {
         printf("  %7d  %8.3f GB  %9.3f  %7.1f  %7.0f   %5.1f %%\n", ctxs[ci], bytes / 1e9, ms, 1e3 / ms, bw / 1e9,
                100.0 * bw / copy_bw);
     }
+
+    bench_attention(m, &s);
 
     // tuning runs: QWEN_BENCH_DECODE_ONLY=1 stops after the two contexts, any other value skips the prefill
     const char *decode_only = getenv("QWEN_BENCH_DECODE_ONLY");
