@@ -2237,77 +2237,6 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     KERNEL_CHECK();
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w in fp32, and (n a multiple of 32) its quantized copy.
-// Every block sums the squares of all of x (20 KB from L2, cheaper than a second launch) and then
-// handles its own 32-value blocks, one per warp. The kernel is all latency (~130 launches a token),
-// so every load is issued before the first add: x as up to 8 float4 per thread, and the block's own
-// x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
-#define NORM_THREADS 256
-// The work of block blk of nblk: the whole sum of squares, then 32-value blocks blk*nw + warp,
-// stepping nblk*nw (one block alone does all of them: the norm folded into a mat-vec, below).
-// x is read from L2 (__ldcg): in the folded norm other blocks of the same launch wrote it.
-__device__ void rmsnorm_quant_part(Act out, const float *x, const float *w /* (n) */, int n, float eps, int blk, int nblk) {
-    int lane = threadIdx.x % WARP, nw = blockDim.x / WARP, nb = n / 32, step = nblk * nw;
-    int quant = out.q.q && n % 32 == 0, b = blk * nw + threadIdx.x / WARP;
-    float xi = 0.0f, wi = 0.0f;
-    if (quant && b < nb) { xi = __ldcg(&x[32 * b + lane]); wi = w[32 * b + lane]; }
-    float ss = 0.0f;
-    if (n % 4 == 0) {
-        const float4 *x4 = (const float4 *)x;
-        int n4 = n / 4;
-        float4 v[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            int j = threadIdx.x + k * blockDim.x;
-            v[k] = j < n4 ? __ldcg(&x4[j]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int k = 0; k < 8; k++) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-        for (int j = threadIdx.x + 8 * blockDim.x; j < n4; j += blockDim.x) {
-            float4 u = __ldcg(&x4[j]);
-            ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
-        }
-    } else {
-        for (int j = threadIdx.x; j < n; j += blockDim.x) ss += __ldcg(&x[j]) * __ldcg(&x[j]);
-    }
-    ss = block_sum(ss);
-    float scale = rsqrtf(ss / n + eps);
-    if (quant) {
-        for (; b < nb; b += step) {
-            if (b >= blk * nw + nw) { xi = __ldcg(&x[32 * b + lane]); wi = w[32 * b + lane]; } // past the first
-            float v = xi * scale * wi;
-            out.f[32 * b + lane] = v;
-            quantize_block_warp(v, out.q, b, nb);
-        }
-    } else {
-        for (int j = blk * blockDim.x + threadIdx.x; j < n; j += nblk * blockDim.x) out.f[j] = __ldcg(&x[j]) * scale * w[j];
-    }
-}
-__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out, const float *x, const float *w /* (n) */, int n, float eps) {
-    rmsnorm_quant_part(out, x, w, n, eps, blockIdx.x, gridDim.x);
-}
-
-// The RMSNorm folded into the mat-vec that writes the residual stream (attn_output, ssm_out,
-// ffn_down: x += W in): every block counts itself done after its rows are written, and the last
-// one normalizes the whole of x into out, saving a launch (and its gap) per norm.
-typedef struct {
-    int *done;       // a zeroed counter, or NULL: no norm
-    const float *w;  // (n) norm weight
-    Act out;         // (n) the normalized x, fp32 and quantized
-    float eps;
-} NormFold;
-__device__ void norm_fold_tail(const NormFold &nf, const float *x /* (n) */, int n) {
-    __shared__ int last;
-    __threadfence(); // this block's rows of x are visible before it counts itself
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(nf.done, 1) == (int)gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    rmsnorm_quant_part(nf.out, x, nf.w, n, nf.eps, 0, 1);
-    if (threadIdx.x == 0) *nf.done = 0; // ready for the next launch
-}
-
 // y[r] = W[r,:] . x (+ bias[r]) (+ y[r]) for the fast types. A block owns R consecutive rows and
 // all its threads walk the rows' sub-blocks together (thread t takes sub-blocks t, t + T, ...), so
 // every activation block a thread loads serves R rows, and even a short row keeps a whole block of
@@ -2343,17 +2272,18 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    // The loop bound is the same for a whole warp (its first lane's sub-block): __syncwarp() needs
-    // every lane. Lanes past the row's end redo its last sub-block and drop the result.
-    for (int u0 = threadIdx.x - lane; u0 < n_sub; u0 += blockDim.x) {
-        int u = min(u0 + lane, n_sub - 1);
+    // With the barrier the loop bound is the same for a whole warp (its first lane's sub-block):
+    // __syncwarp() needs every lane, so lanes past the row's end redo its last sub-block and drop
+    // the result. Without it, each thread stops at the end of the row.
+    for (int u0 = threadIdx.x - (LOADS_FIRST ? lane : 0); u0 < n_sub; u0 += blockDim.x) {
+        int u = LOADS_FIRST ? min(u0 + lane, n_sub - 1) : u0;
         // all R rows' loads first (rows past the end read the last row and are not written)
         WSub w[R];
 #pragma unroll
         for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (size_t)min(row0 + r, n_out - 1) * n_sub + u, NB);
         XBlock xb = load_xblock(xq, u, n_sub);
         if (LOADS_FIRST) __syncwarp();
-        if (u0 + lane < n_sub) {
+        if (!LOADS_FIRST || u0 + lane < n_sub) {
 #pragma unroll
             for (int r = 0; r < R; r++) acc[r] += sub_dot<TYPE>(w[r], u % 8, xb);
         }
@@ -2375,9 +2305,8 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
 
 template <int TYPE, int R, bool LOADS_FIRST>
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
-matvec_fast_kernel(const uint8_t *W, XQ xq, const float *bias, float *y, int n_sub, int n_out, int accumulate, NormFold nf) {
+matvec_fast_kernel(const uint8_t *W, XQ xq, const float *bias, float *y, int n_sub, int n_out, int accumulate) {
     fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
-    if (nf.done) norm_fold_tail(nf, y, n_out);
 }
 
 // Up to four mat-vecs on the same input in one launch (q, k, v; or DeltaNet's qkv, z, beta, alpha):
@@ -2485,6 +2414,48 @@ ffn_gate_up_silu_kernel(const uint8_t *Wg, const uint8_t *Wu, // planes, (n_ff r
 
 // --- norms, RoPE + KV cache, attention, SwiGLU ---------------------------------------------------
 
+// out = x / sqrt(mean(x^2) + eps) * w in fp32, and (n a multiple of 32) its quantized copy.
+// Every block sums the squares of all of x (20 KB from L2, cheaper than a second launch) and then
+// handles its own 32-value blocks, one per warp. The kernel is all latency (~130 launches a token),
+// so every load is issued before the first add: x as up to 8 float4 per thread, and the block's own
+// x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
+#define NORM_THREADS 256
+__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out, const float *x, const float *w /* (n) */, int n, float eps) {
+    int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
+    int quant = out.q.q && n % 32 == 0, b = blockIdx.x * nw + threadIdx.x / WARP, i = 32 * b + lane;
+    float xi = 0.0f, wi = 0.0f;
+    if (quant && b < n / 32) { xi = x[i]; wi = w[i]; }
+    float ss = 0.0f;
+    if (n % 4 == 0) {
+        const float4 *x4 = (const float4 *)x;
+        int n4 = n / 4;
+        float4 v[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int j = threadIdx.x + k * blockDim.x;
+            v[k] = j < n4 ? x4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int k = 0; k < 8; k++) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        for (int j = threadIdx.x + 8 * blockDim.x; j < n4; j += blockDim.x) {
+            float4 u = x4[j];
+            ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
+        }
+    } else {
+        for (int j = threadIdx.x; j < n; j += blockDim.x) ss += x[j] * x[j];
+    }
+    ss = block_sum(ss);
+    float scale = rsqrtf(ss / n + eps);
+    if (quant) {
+        if (b < n / 32) {
+            float v = xi * scale * wi;
+            out.f[i] = v;
+            quantize_block_warp(v, out.q, b, n / 32);
+        }
+    } else {
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) out.f[j] = x[j] * scale * w[j];
+    }
+}
 static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float eps, cudaStream_t st) {
     int blocks = (n / 32 + NORM_THREADS / WARP - 1) / (NORM_THREADS / WARP);
     rmsnorm_quant_kernel<<<blocks > 0 ? blocks : 1, NORM_THREADS, 0, st>>>(*out, x, w, n, eps);
@@ -2562,27 +2533,25 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
 #define ATT_THREADS 256
 // keys per chunk: 64 for head_dim <= 128, fewer for wider heads (shared memory)
 static int att_chunk(int hd) { return hd <= 128 ? 64 : 8192 / hd; }
-// Most splits per kv head for a cache of n_ctx keys: one chunk each up to ATT_SPLITS chunks, then
-// longer splits (the merge reads ATT_SPLITS partial states at most). QWEN_ATT_SPLITS=N overrides
-// it (measurement).
-#ifndef ATT_SPLITS
-#define ATT_SPLITS 32
-#endif
+// Most splits per kv head for a cache of n_ctx keys: one chunk each up to 32 chunks, then longer
+// splits, so the merge reads at most 32 partial states per head, one per lane of a warp. (Fewer,
+// longer splits measured slower at 2048 keys: 8 and 16 splits per head against 32 on the H200,
+// test/PERF_NOTES.md.) QWEN_ATT_SPLITS=N (1..32) overrides it, for measurement.
 static int att_splits(int n_ctx, int hd) {
     static int cap = 0;
     if (!cap) {
         const char *e = getenv("QWEN_ATT_SPLITS");
-        cap = e && atoi(e) > 0 ? atoi(e) : ATT_SPLITS;
+        cap = e && atoi(e) > 0 ? atoi(e) : WARP;
+        if (cap > WARP) cap = WARP;
     }
     int chunks = (n_ctx + att_chunk(hd) - 1) / att_chunk(hd);
     return chunks < cap ? chunks : cap;
 }
-#define ATT_MAX_OUT 8     // outputs per thread in the merge: g * head_dim <= 2048
+#define ATT_MAX_OUT 8     // outputs per thread: g * head_dim <= 2048
 #define ATT_MERGE_DEPTH 8 // splits per round of the merge
-__host__ __device__ static size_t att_smem_kv(int hd, int chunk) { return ((size_t)chunk * (hd + 2) + 7) / 8 * 16 + (size_t)chunk * hd * 2; }
-static size_t att_smem(int g, int hd, int chunk) {
-    return ((size_t)chunk * (hd + 2) + 7) / 8 * 16 + (size_t)chunk * hd * 2 + (size_t)g * hd * 4 + (size_t)g * chunk * 4;
-}
+#define ATT_KPAD 8        // K rows padded by 8 halves: 16-byte aligned rows, 4 banks apart for head_dim % 64 == 0
+__host__ __device__ static size_t att_smem_kv(int hd, int chunk) { return (size_t)chunk * (hd + ATT_KPAD) * 2 + (size_t)chunk * hd * 2; }
+static size_t att_smem(int g, int hd, int chunk) { return att_smem_kv(hd, chunk) + (size_t)g * hd * 4 + (size_t)g * chunk * 4; }
 __global__ void __launch_bounds__(ATT_THREADS)
 attention_split_kernel(const float *q,    // (n_head, hd) roped
                        const __half *kc,  // (n_ctx, n_kv, hd)
@@ -2600,16 +2569,24 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     if (split >= ns) return;
     int g = n_head / n_kv;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;
-    int ks = hd + 2; // K row stride in halves: +4 bytes puts consecutive rows on consecutive banks
-    __half *K = (__half *)smem, *Vs = K + ((size_t)chunk * ks + 7) / 8 * 8; // V 16-byte aligned
+    int ks = hd + ATT_KPAD; // K row stride in halves
+    __half *K = (__half *)smem, *Vs = K + (size_t)chunk * ks;
     float *qs = (float *)(Vs + (size_t)chunk * hd), *ps = qs + g * hd;
     __shared__ float mh[32], lh[32], ch[32]; // per query head (g <= 32): running max, sum, rescale c
     for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) qs[i] = q[(size_t)j * g * hd + i]; // q of the g heads
     if (threadIdx.x < g) { mh[threadIdx.x] = -INFINITY; lh[threadIdx.x] = 0.0f; }
-    // o per (head, dim) output i = threadIdx.x + k * ATT_THREADS: one register each (g*hd <= ATT_THREADS*ATT_MAX_OUT)
-    float o[ATT_MAX_OUT];
+    // Output pairs: slot k of a thread holds dims (d, d+1) of head hh for pair p = threadIdx.x + k *
+    // ATT_THREADS (element 2p of the g heads' outputs); its offsets are fixed for the whole block.
+    const int NP = ATT_MAX_OUT / 2;
+    float2 o[NP];
+    int p_head[NP], p_dim[NP];
 #pragma unroll
-    for (int k = 0; k < ATT_MAX_OUT; k++) o[k] = 0.0f;
+    for (int k = 0; k < NP; k++) {
+        int e = 2 * (threadIdx.x + k * ATT_THREADS);
+        p_head[k] = e < g * hd ? e / hd : -1; // -1: no pair in this slot
+        p_dim[k] = e % hd;
+        o[k] = make_float2(0.0f, 0.0f);
+    }
     float scale = rsqrtf((float)hd);
     int v8 = hd / 8;
     for (int c = split * cps; c < min((split + 1) * cps, n_chunks); c++) {
@@ -2619,23 +2596,28 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
         for (int i = threadIdx.x; i < nt * v8; i += ATT_THREADS) {
             int t = i / v8, cc = i % v8;
             size_t src = ((size_t)(t0 + t) * n_kv + j) * hd + 8 * cc;
-            uint4 kv = *(const uint4 *)(kc + src);
-            uint32_t *kd = (uint32_t *)(K + (size_t)t * ks + 8 * cc); // 4-byte aligned only
-            kd[0] = kv.x; kd[1] = kv.y; kd[2] = kv.z; kd[3] = kv.w;
+            *(uint4 *)(K + (size_t)t * ks + 8 * cc) = *(const uint4 *)(kc + src);
             *(uint4 *)(Vs + (size_t)t * hd + 8 * cc) = *(const uint4 *)(vc + src);
         }
         __syncthreads();
-        // scores: one thread per (head, key) pair, a full dot product over the head dims
+        // scores: one thread per (head, key) pair, 8 dims per step (one 16-byte K load, two of q),
+        // four partial sums so the FMAs do not wait on each other
         for (int i = threadIdx.x; i < g * nt; i += ATT_THREADS) {
             int hh = i / nt, t = i % nt;
-            const __half2 *kr = (const __half2 *)(K + (size_t)t * ks);
-            const float *qh = qs + hh * hd;
-            float sc = 0.0f;
-            for (int d = 0; d < hd / 2; d++) {
-                float2 kv = __half22float2(kr[d]);
-                sc += qh[2 * d] * kv.x + qh[2 * d + 1] * kv.y;
+            const uint4 *kr = (const uint4 *)(K + (size_t)t * ks);
+            const float4 *qh = (const float4 *)(qs + hh * hd);
+            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+            for (int c8 = 0; c8 < v8; c8++) {
+                uint4 kw = kr[c8];
+                float4 qa = qh[2 * c8], qb = qh[2 * c8 + 1];
+                float2 k0 = __half22float2(*(const __half2 *)&kw.x), k1 = __half22float2(*(const __half2 *)&kw.y);
+                float2 k2 = __half22float2(*(const __half2 *)&kw.z), k3 = __half22float2(*(const __half2 *)&kw.w);
+                s0 += qa.x * k0.x + qa.y * k0.y;
+                s1 += qa.z * k1.x + qa.w * k1.y;
+                s2 += qb.x * k2.x + qb.y * k2.y;
+                s3 += qb.z * k3.x + qb.w * k3.y;
             }
-            ps[hh * chunk + t] = sc * scale;
+            ps[hh * chunk + t] = ((s0 + s1) + (s2 + s3)) * scale;
         }
         __syncthreads();
         // the running softmax state per head: one warp per head
@@ -2658,15 +2640,26 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
             }
         }
         __syncthreads();
-        // o = c o + sum_t p[t] V[t]
+        // o = c o + sum_t p[t] V[t]: the keys outer, the thread's output pairs inner (independent sums)
+        float2 acc[NP];
 #pragma unroll
-        for (int k = 0; k < ATT_MAX_OUT; k++) {
-            int i = threadIdx.x + k * ATT_THREADS, hh = i / hd, d = i % hd;
-            if (i >= g * hd) break;
-            const float *p = ps + hh * chunk;
-            float acc = 0.0f;
-            for (int t = 0; t < nt; t++) acc += p[t] * __half2float(Vs[(size_t)t * hd + d]);
-            o[k] = ch[hh] * o[k] + acc;
+        for (int k = 0; k < NP; k++) acc[k] = make_float2(0.0f, 0.0f);
+        for (int t = 0; t < nt; t++) {
+            const __half *vt = Vs + (size_t)t * hd;
+#pragma unroll
+            for (int k = 0; k < NP; k++) {
+                if (p_head[k] < 0) continue;
+                float pt = ps[p_head[k] * chunk + t];
+                float2 v = __half22float2(*(const __half2 *)(vt + p_dim[k]));
+                acc[k].x += pt * v.x;
+                acc[k].y += pt * v.y;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < NP; k++) {
+            if (p_head[k] < 0) continue;
+            float cr = ch[p_head[k]];
+            o[k] = make_float2(cr * o[k].x + acc[k].x, cr * o[k].y + acc[k].y);
         }
     }
     if (threadIdx.x < g) {
@@ -2675,11 +2668,9 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
         part_ml[idx + 1] = lh[threadIdx.x];
     }
 #pragma unroll
-    for (int k = 0; k < ATT_MAX_OUT; k++) {
-        int i = threadIdx.x + k * ATT_THREADS, hh = i / hd, d = i % hd;
-        if (i >= g * hd) break;
-        part_o[((size_t)(j * g + hh) * n_split + split) * hd + d] = o[k];
-    }
+    for (int k = 0; k < NP; k++)
+        if (p_head[k] >= 0)
+            *(float2 *)&part_o[((size_t)(j * g + p_head[k]) * n_split + split) * hd + p_dim[k]] = o[k];
 
     // The last split of this kv head to finish merges all of its splits:
     //   m = max m_s,  out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m)
@@ -2690,53 +2681,41 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // weights e^(m_s - m) / l per head and split in shared memory (the K/V staging area): one warp
+    // per head, lane s holds split s (ns <= n_split <= 32, att_splits)
+    float *wts = (float *)smem;
     for (int hh = wid; hh < g; hh += nw) {
         const float *ml = part_ml + (size_t)(j * g + hh) * n_split * 2;
-        float m = -INFINITY;
-        for (int sp = lane; sp < ns; sp += WARP) m = fmaxf(m, __ldcg(&ml[2 * sp]));
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int sp = lane; sp < ns; sp += WARP) l += __ldcg(&ml[2 * sp + 1]) * __expf(__ldcg(&ml[2 * sp]) - m);
-        l = warp_sum(l);
-        if (lane == 0) { mh[hh] = m; lh[hh] = l; }
+        float ms = lane < ns ? __ldcg(&ml[2 * lane]) : -INFINITY, ls = lane < ns ? __ldcg(&ml[2 * lane + 1]) : 0.0f;
+        float m = warp_max(ms), e = __expf(ms - m); // e = 0 past ns
+        float l = warp_sum(ls * e);
+        if (lane < ns) wts[hh * ns + lane] = e / l;
     }
     __syncthreads();
-    // weights e^(m_s - m) / l in shared memory (the K/V staging area), a tile of splits at a time;
     // each thread accumulates up to ATT_MAX_OUT outputs (g*hd <= ATT_THREADS*ATT_MAX_OUT)
-    float *wts = (float *)smem;
-    int cap = (int)(att_smem_kv(hd, chunk) / 4), tile = min(ns, cap / g);
+    float om[ATT_MAX_OUT];
 #pragma unroll
-    for (int k = 0; k < ATT_MAX_OUT; k++) o[k] = 0.0f;
-    for (int s0 = 0; s0 < ns; s0 += tile) {
-        int nsp = min(tile, ns - s0);
-        __syncthreads();
-        for (int i = threadIdx.x; i < g * nsp; i += ATT_THREADS) {
-            int hh = i / nsp, sp = i % nsp;
-            const float *ml = part_ml + ((size_t)(j * g + hh) * n_split + s0 + sp) * 2;
-            wts[i] = __expf(__ldcg(ml) - mh[hh]) / lh[hh];
+    for (int k = 0; k < ATT_MAX_OUT; k++) om[k] = 0.0f;
+    // ATT_MERGE_DEPTH splits of all this thread's outputs per round, every load of the round issued
+    // before the first multiply: one L2 latency per round, not one per split and output
+    for (int sp0 = 0; sp0 < ns; sp0 += ATT_MERGE_DEPTH) {
+        float v[ATT_MAX_OUT][ATT_MERGE_DEPTH];
+#pragma unroll
+        for (int k = 0; k < ATT_MAX_OUT; k++) {
+            int i = threadIdx.x + k * ATT_THREADS, hh = i / hd, d = i % hd;
+            const float *po = part_o + ((size_t)(j * g + hh) * n_split + sp0) * hd + d;
+#pragma unroll
+            for (int q = 0; q < ATT_MERGE_DEPTH; q++)
+                v[k][q] = i < g * hd && sp0 + q < ns ? __ldcg(&po[(size_t)q * hd]) : 0.0f;
         }
-        __syncthreads();
-        // ATT_MERGE_DEPTH splits of all this thread's outputs per round, every load of the round
-        // issued before the first multiply: one L2 latency per round, not one per split and output
-        for (int sp0 = 0; sp0 < nsp; sp0 += ATT_MERGE_DEPTH) {
-            float v[ATT_MAX_OUT][ATT_MERGE_DEPTH];
 #pragma unroll
-            for (int k = 0; k < ATT_MAX_OUT; k++) {
-                int i = threadIdx.x + k * ATT_THREADS, hh = i / hd, d = i % hd;
-                const float *po = part_o + ((size_t)(j * g + hh) * n_split + s0 + sp0) * hd + d;
+        for (int k = 0; k < ATT_MAX_OUT; k++) {
+            int i = threadIdx.x + k * ATT_THREADS;
+            if (i >= g * hd) break;
+            const float *wt = wts + (i / hd) * ns + sp0;
 #pragma unroll
-                for (int q = 0; q < ATT_MERGE_DEPTH; q++)
-                    v[k][q] = i < g * hd && sp0 + q < nsp ? __ldcg(&po[(size_t)q * hd]) : 0.0f;
-            }
-#pragma unroll
-            for (int k = 0; k < ATT_MAX_OUT; k++) {
-                int i = threadIdx.x + k * ATT_THREADS;
-                if (i >= g * hd) break;
-                const float *wt = wts + (i / hd) * nsp + sp0;
-#pragma unroll
-                for (int q = 0; q < ATT_MERGE_DEPTH; q++)
-                    if (sp0 + q < nsp) o[k] += v[k][q] * wt[q];
-            }
+            for (int q = 0; q < ATT_MERGE_DEPTH; q++)
+                if (sp0 + q < ns) om[k] += v[k][q] * wt[q];
         }
     }
     int nb = n_head * hd / 32;
@@ -2744,9 +2723,9 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     for (int k = 0; k < ATT_MAX_OUT; k++) {
         int i = threadIdx.x + k * ATT_THREADS; // whole warps: g*hd is a multiple of 32
         if (i >= g * hd) break;
-        if (gate) o[k] /= 1.0f + __expf(-gate[(size_t)(j * g + i / hd) * gate_stride + i % hd]);
-        out.f[(size_t)j * g * hd + i] = o[k];
-        if (out.q.q) quantize_block_warp(o[k], out.q, (j * g * hd + i - lane) / 32, nb);
+        if (gate) om[k] /= 1.0f + __expf(-gate[(size_t)(j * g + i / hd) * gate_stride + i % hd]);
+        out.f[(size_t)j * g * hd + i] = om[k];
+        if (out.q.q) quantize_block_warp(om[k], out.q, (j * g * hd + i - lane) / 32, nb);
     }
     if (threadIdx.x == 0) kv_done[j] = 0;
 }
@@ -2952,26 +2931,11 @@ static int mv_use_stream(const MvPlan *p, int n_in) {
     return p->first_unit[p->n] >= 2 * cpr * warps;
 }
 
-// Whether the RMSNorm after a residual mat-vec is folded into it (QWEN_NORM_FOLD=0: never, for
-// measurement).
-static int norm_fold_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("QWEN_NORM_FOLD");
-        on = !(e && !strcmp(e, "0"));
-    }
-    return on;
-}
-
 // y = W x (+ bias) (+ y when accumulate): the fast kernel (16-bit x) for weights in planes, the
-// generic one (fp32 x) for the rest. With nf (the per-block fast kernel only; returns 0 when it
-// could not take it) the launch's last block also writes nf->out = rmsnorm(y) * nf->w.
-static int matvec_nf(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, const NormFold *nf,
-                     cudaStream_t st) {
+// generic one (fp32 x) for the rest.
+static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
     const uint8_t *w = (const uint8_t *)W->dev;
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
-    NormFold none;
-    memset(&none, 0, sizeof none);
     if (W->planes) {
         if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
         MvPlan p;
@@ -2979,23 +2943,21 @@ static int matvec_nf(const Tensor *W, const Act *in, float *y, const float *bias
         p.accumulate = accumulate;
         mv_plan_add(&p, W, bias, y);
         if (mv_use_stream(&p, n_in)) {
-            if (nf) return 0;
             matvec_stream(&p, in->q, n_in, st);
-            return 1;
+            return;
         }
         // rows longer than one pass of the block (the FFN down projections) take half the rows per
         // block: twice the blocks, since each one walks its rows pass after pass
         int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
         int R = long_rows ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
 #define FAST(T)                                                                                                  \
-    if (long_rows) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate, nf ? *nf : none); \
-    else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate, nf ? *nf : none)
+    if (long_rows) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
+    else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
         FAST_TYPE_SWITCH(W->type, FAST)
 #undef FAST
         KERNEL_CHECK();
-        return 1;
+        return;
     }
-    if (nf) return 0;
     const int rows_per_block = 4;
     dim3 grid((unsigned)((n_out + rows_per_block - 1) / rows_per_block)), block(rows_per_block * WARP);
     size_t stride = row_bytes(W->type, W->n_in);
@@ -3009,21 +2971,6 @@ static int matvec_nf(const Tensor *W, const Act *in, float *y, const float *bias
     default: die("no GPU mat-vec for type %s (tensor '%s')", type_name(W->type), W->name);
     }
     KERNEL_CHECK();
-    return 1;
-}
-static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
-    matvec_nf(W, in, y, bias, accumulate, NULL, st);
-}
-
-// The residual stream's update and the norm after it: x += W in, then out = rmsnorm(x) * norm_w,
-// fp32 and quantized. One launch when the per-block fast kernel takes W (done: a zeroed counter),
-// else the mat-vec and rmsnorm_quant.
-static void matvec_norm(const Tensor *W, const Act *in, float *x, Act *out, const float *norm_w, float eps, int *done,
-                        cudaStream_t st) {
-    NormFold nf = {done, norm_w, *out, eps};
-    if (norm_fold_on() && matvec_nf(W, in, x, NULL, 1, &nf, st)) return;
-    matvec(W, in, x, NULL, 1, st);
-    rmsnorm_quant(out, x, norm_w, (int)W->n_out, eps, st);
 }
 
 // n mat-vecs y_i = W_i x (+ b_i) from the same input: one launch when all are in planes, else n.
@@ -3109,6 +3056,7 @@ static void attention(const float *q, const __half *kc, const __half *vc, float 
                       int n_split, cudaStream_t st) {
     int chunk = att_chunk(hd), g = n_head / n_kv;
     size_t smem = att_smem(g, hd, chunk);
+    if (n_split < 1 || n_split > WARP) die("attention: %d splits per kv head (1..%d)", n_split, WARP);
     attention_split_kernel<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, part_o, part_ml, kv_done, *out, gate,
                                                                            gate_stride, pos, n_head, n_kv, hd, n_split, chunk);
     KERNEL_CHECK();
@@ -3898,7 +3846,6 @@ typedef struct {
     float *hb2;            // (n_ff) up, on the generic path
     int *group_done;       // (n_ff/32) counters of the fused gate/up kernel
     int *kv_done;          // (n_head_kv) counters of the attention kernel
-    int *norm_done;        // the counter of the RMSNorm folded into the residual mat-vecs
     float *qg;             // (n_head*2*head_dim) qwen35: per head [q | gate]
     // Gated DeltaNet (qwen35); S = ssm_state, conv_dim = (2*Hk + Hv)*S
     float *gdn_mixed;      // (conv_dim) projections, then conv output [q | k | v]
@@ -4303,7 +4250,6 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
     CARVE(s->hb2, float *, c->n_ff * 4u);
     CARVE(s->group_done, int *, c->n_ff / 32 * 4u + 4);
     CARVE(s->kv_done, int *, c->n_head_kv * 4u);
-    CARVE(s->norm_done, int *, 4);
     CARVE(s->pos, int *, 4);
     if (c->arch == ARCH_QWEN35) CARVE(s->qg, float *, 2 * qdim * 4);
     if (c->n_gdn_layers) {
@@ -4436,8 +4382,7 @@ static void attention_block_gpu(const Model *m, GpuState *s, int l) {
              c->n_head_kv, hd, c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
     PROF("attention", 0, attention(s->q, kc, vc, s->part_o, s->part_ml, s->kv_done, &s->att_out, gated ? s->qg + hd : NULL,
                                    2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st));
-    PROF("attn_output", L->wo.nbytes,
-         matvec_norm(&L->wo, &s->att_out, s->x, &s->xb, DEV(L->ffn_norm), c->eps, s->norm_done, st));
+    PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
 }
 
 static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
@@ -4458,32 +4403,28 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
     PROF("gdn_norm", 0, (gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z, DEV(L->ssm_norm), c->eps),
                          KERNEL_CHECK()));
-    PROF("gdn_out", L->ssm_out.nbytes,
-         matvec_norm(&L->ssm_out, &s->gdn_out, s->x, &s->xb, DEV(L->ffn_norm), c->eps, s->norm_done, st));
+    PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
 }
 
 // The device work for one token, enqueued on the stream (captured into the graph, or run directly
 // when profiling). Inputs: s->x holds the embedding row, *s->pos the position. Output: s->logits.
-// Each mat-vec that adds into the residual stream x also writes the norm of x that comes next
-// (matvec_norm): the attention / DeltaNet output the FFN's, ffn_down the next layer's (the last one
-// output_norm). Only the first norm is a launch of its own.
 static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     const Config *c = &m->c;
     const Weights *w = &m->w;
     cudaStream_t st = s->stream;
     int E = c->n_embd;
-    PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->layers[0].attn_norm), E, c->eps, st));
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
-        // x = x + mixer(norm(x)), then xb = ffn_norm(x)
+        PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st));
         if (c->kind[l] == LAYER_DELTANET) deltanet_block_gpu(m, s, l);
         else attention_block_gpu(m, s, l);
-        // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = xb; then xb = the next norm of x
+        // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
+        PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st));
         PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes,
              ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, s->group_done, st));
-        const float *next_norm = DEV(l + 1 < c->n_layer ? w->layers[l + 1].attn_norm : w->output_norm);
-        PROF("ffn_down", L->w_down.nbytes, matvec_norm(&L->w_down, &s->hb, s->x, &s->xb, next_norm, c->eps, s->norm_done, st));
+        PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
     }
+    PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st));
     PROF("output", w->output.nbytes, matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st));
 }
 
@@ -5087,6 +5028,28 @@ static void prof_finish(const char *title) {
     g_prof = NULL;
 }
 
+// Milliseconds per replay of a captured graph: instantiated, replayed once to warm up, then reps
+// times between two events. The graph is destroyed.
+static float graph_ms(cudaGraph_t graph, int reps, cudaStream_t st) {
+    cudaGraphExec_t exec;
+    cudaEvent_t e0, e1;
+    CUDA_CHECK(cudaEventCreate(&e0));
+    CUDA_CHECK(cudaEventCreate(&e1));
+    CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, graph, 0));
+    CUDA_CHECK(cudaGraphLaunch(exec, st));
+    CUDA_CHECK(cudaEventRecord(e0, st));
+    for (int r = 0; r < reps; r++) CUDA_CHECK(cudaGraphLaunch(exec, st));
+    CUDA_CHECK(cudaEventRecord(e1, st));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return ms / reps;
+}
+
 // The mat-vecs alone, per kind: one graph holds the kind's launches for every layer back to back
 // (different weights each time, so nothing is served from L2), replayed 5 times. No event sits
 // between the launches, so this is what each kernel streams inside the forward graph, launch
@@ -5094,16 +5057,12 @@ static void prof_finish(const char *title) {
 static void bench_matvecs(const Model *m, GpuState *s, double copy_bw) {
     const char *kinds[] = {"ffn_gate_up", "ffn_down", "gdn_proj", "gdn_out", "attn_qkv", "attn_output", "output"};
     cudaStream_t st = s->stream;
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
     printf("\nmat-vecs alone, each kind over all its layers in one graph (launch gaps included):\n");
     printf("  %-12s %6s %12s %9s %9s %7s\n", "kind", "calls", "bytes/call", "us/call", "GB/s", "% copy");
     for (int k = 0; k < 7; k++) {
         double bytes = 0;
         int calls = 0;
         cudaGraph_t graph;
-        cudaGraphExec_t exec;
         CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         for (int l = 0; l < (k == 6 ? 1 : m->c.n_layer); l++) {
             const LayerWeights *L = &m->w.layers[l];
@@ -5138,22 +5097,10 @@ static void bench_matvecs(const Model *m, GpuState *s, double copy_bw) {
         }
         CUDA_CHECK(cudaStreamEndCapture(st, &graph));
         if (calls == 0) { CUDA_CHECK(cudaGraphDestroy(graph)); continue; }
-        CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, graph, 0));
-        CUDA_CHECK(cudaGraphLaunch(exec, st));
-        CUDA_CHECK(cudaEventRecord(e0, st));
-        for (int r = 0; r < 5; r++) CUDA_CHECK(cudaGraphLaunch(exec, st));
-        CUDA_CHECK(cudaEventRecord(e1, st));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        double t = ms * 1e-3 / 5 / calls;
+        double t = graph_ms(graph, 5, st) * 1e-3 / calls;
         printf("  %-12s %6d %12.0f %9.1f %9.0f %6.1f%%\n", kinds[k], calls, bytes / calls, t * 1e6, bytes / calls / t / 1e9,
                100.0 * bytes / calls / t / copy_bw);
-        CUDA_CHECK(cudaGraphExecDestroy(exec));
-        CUDA_CHECK(cudaGraphDestroy(graph));
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
 }
 
 // Attention alone: every attention layer's attention launch in one graph, at contexts 128 and 2048
@@ -5162,9 +5109,6 @@ static void bench_attention(const Model *m, GpuState *s) {
     const Config *c = &m->c;
     const int ctxs[2] = {128, 2048};
     cudaStream_t st = s->stream;
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
     int hd = c->head_dim, gated = c->arch == ARCH_QWEN35;
     size_t kvdim = (size_t)c->n_head_kv * hd;
     printf("\nattention alone, its %d layers in one graph (%d kv heads x at most %d splits of %d-key chunks):\n",
@@ -5174,7 +5118,6 @@ static void bench_attention(const Model *m, GpuState *s) {
         int pos = ctxs[ci];
         CUDA_CHECK(cudaMemcpy(s->pos, &pos, 4, cudaMemcpyHostToDevice));
         cudaGraph_t graph;
-        cudaGraphExec_t exec;
         CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         for (int l = 0; l < c->n_layer; l++) {
             if (c->kind[l] == LAYER_DELTANET) continue;
@@ -5183,21 +5126,9 @@ static void bench_attention(const Model *m, GpuState *s) {
                       &s->att_out, gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st);
         }
         CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-        CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, graph, 0));
-        CUDA_CHECK(cudaGraphLaunch(exec, st));
-        CUDA_CHECK(cudaEventRecord(e0, st));
-        for (int r = 0; r < 10; r++) CUDA_CHECK(cudaGraphLaunch(exec, st));
-        CUDA_CHECK(cudaEventRecord(e1, st));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        float ms;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        double t = ms * 1e-3 / 10 / c->n_kv_layers, bytes = 2.0 * (pos + 1) * kvdim * 2;
+        double t = graph_ms(graph, 10, st) * 1e-3 / c->n_kv_layers, bytes = 2.0 * (pos + 1) * kvdim * 2;
         printf("  %7d  %8.2f  %14.0f  %6.0f\n", pos, t * 1e6, bytes, bytes / t / 1e9);
-        CUDA_CHECK(cudaGraphExecDestroy(exec));
-        CUDA_CHECK(cudaGraphDestroy(graph));
     }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
 }
 
 static void run_bench(Model *m, int n_ctx) {
@@ -5716,7 +5647,7 @@ static void dump_logits(void *ctx, int i, const float *logits) {
 static void usage(void) {
     fprintf(stderr,
             "usage: qwen -m MODEL.gguf [options]\n"
-            "  -m FILE           model file (GGUF: qwen2, qwen3)\n"
+            "  -m FILE           model file (GGUF: qwen2, qwen3, qwen35)\n"
             "  -p TEXT           prompt text\n"
             "  -f FILE           prompt text read from FILE, byte for byte\n"
             "  --tokens 1,2,3    prompt as raw token ids\n"

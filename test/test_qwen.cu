@@ -1661,62 +1661,6 @@ static void test_gpu_qkv_batch(void) {
     free_hxq(&hq); free_xq(in.q);
 }
 
-// x += W in with the next RMSNorm folded into the launch (its last block writes xb = rmsnorm(x) * w,
-// fp32 and quantized), against matvec_xq_c, rmsnorm_c and quantize_block_c; three launches in a row
-// check that the counter is reset.
-static void test_gpu_norm_fold(void) {
-    const int types[2] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_XS};
-    for (int ti = 0; ti < 2; ti++) {
-        char name[160];
-        snprintf(name, sizeof name, "gpu %s mat-vec + folded RMSNorm vs matvec_xq_c + rmsnorm_c + quantize_block_c: x, xb",
-                 type_name(types[ti]));
-        if (!HAVE_GPU) { skip(name, "no GPU"); continue; }
-        const int n_in = 1280, n = 672; // 21 blocks of 32 outputs: the last block of 4 rows is partial for 8 rows
-        size_t rb = row_bytes(types[ti], n_in);
-        uint8_t *w = (uint8_t *)xmalloc(rb * n);
-        for (int r = 0; r < n; r++) random_row(types[ti], w + r * rb, n_in);
-        Tensor W = (Tensor){"w", types[ti], n_in, n, w, rb * n, NULL, 0};
-        upload_like_engine(&W);
-        float in[n_in], row[n_in], x[n], nw[n], y[n], ref[n], got[n];
-        for (int i = 0; i < n; i++) { x[i] = nrand(); nw[i] = 1 + nrand() * 0.1f; }
-        float *dx = (float *)dcopy(x, sizeof x), *dnw = (float *)dcopy(nw, sizeof nw);
-        int *done;
-        CUDA_CHECK(cudaMalloc(&done, 4));
-        CUDA_CHECK(cudaMemset(done, 0, 4));
-        HostXQ hz = quantize_host(x, n);
-        Act xb;
-        xb.f = (float *)dcopy(x, sizeof x);
-        xb.q = upload_xq(&hz);
-        double ex = 0, en = 0;
-        int same = 1;
-        for (int rep = 0; rep < 3; rep++) {
-            random_act(in, n_in);
-            HostXQ hq = quantize_host(in, n_in);
-            Act a;
-            memset(&a, 0, sizeof a);
-            a.q = upload_xq(&hq);
-            matvec_xq_c(&W, hq.H, hq.L, hq.s, NULL, y, 0, row);
-            for (int i = 0; i < n; i++) x[i] += y[i];
-            matvec_norm(&W, &a, dx, &xb, dnw, 1e-6f, done, 0);
-            CUDA_CHECK(cudaMemcpy(got, dx, sizeof got, cudaMemcpyDeviceToHost));
-            double ms = 0;
-            for (int i = 0; i < n; i++) ms += (double)x[i] * x[i] / n;
-            for (int i = 0; i < n; i++) ex = fmax(ex, fabs(got[i] - x[i]) / sqrt(ms)); // |d| / rms(x)
-            rmsnorm_c(ref, got, nw, n, 1e-6f); // the norm of what the GPU's x is
-            CUDA_CHECK(cudaMemcpy(got, xb.f, sizeof got, cudaMemcpyDeviceToHost));
-            for (int i = 0; i < n; i++) en = fmax(en, fabs(got[i] - ref[i]) / (fabs(ref[i]) + 1e-3));
-            HostXQ gq = download_xq(xb.q, n), wq = quantize_host(got, n);
-            same &= same_xq(&gq, &wq);
-            free_hxq(&gq); free_hxq(&wq); free_hxq(&hq); free_xq(a.q);
-        }
-        int left = 1;
-        CUDA_CHECK(cudaMemcpy(&left, done, 4, cudaMemcpyDeviceToHost));
-        double e = fmax(ex, en);
-        report(e <= 1e-4 && same && left == 0, name, e, 1e-4);
-        free_hxq(&hz); free_xq(xb.q); cudaFree(xb.f); cudaFree(dx); cudaFree(dnw); cudaFree(done); cudaFree(W.dev); free(w);
-    }
-}
-
 static void test_gpu_small_kernels(void) {
     const char *names[] = {"gpu rmsnorm_quant_kernel vs rmsnorm_c + quantize_block_c",
                            "gpu rope_and_kv_store (full rotation) vs rope_neox_c: q, k",
@@ -2333,7 +2277,6 @@ int main(int argc, char **argv) {
         test_gpu_qkv_batch();
     }
     g_mv_mode = MV_AUTO;
-    test_gpu_norm_fold();
     test_gpu_small_kernels();
     test_gpu_deltanet();
     test_gpu_deltanet_rows();
