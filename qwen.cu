@@ -2692,40 +2692,58 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
         if (lane < ns) wts[hh * ns + lane] = e / l;
     }
     __syncthreads();
-    // each thread accumulates up to ATT_MAX_OUT outputs (g*hd <= ATT_THREADS*ATT_MAX_OUT)
-    float om[ATT_MAX_OUT];
+    // Merged outputs, 4 consecutive dims per thread slot: quad qd = threadIdx.x + k * ATT_THREADS of
+    // the g*hd/4 (16-byte loads of the partial outputs; index arithmetic once, outside the rounds).
+    // ATT_MERGE_DEPTH splits of all the thread's quads per round, every load of the round issued
+    // before the first multiply: one L2 latency per round, not one per split and output.
+    const int NQ = ATT_MAX_OUT / 4;
+    int q_head[NQ], q_dim[NQ];
+    float4 om[NQ];
 #pragma unroll
-    for (int k = 0; k < ATT_MAX_OUT; k++) om[k] = 0.0f;
-    // ATT_MERGE_DEPTH splits of all this thread's outputs per round, every load of the round issued
-    // before the first multiply: one L2 latency per round, not one per split and output
+    for (int k = 0; k < NQ; k++) {
+        int e = 4 * (threadIdx.x + k * ATT_THREADS);
+        q_head[k] = e < g * hd ? e / hd : -1; // -1: no quad in this slot
+        q_dim[k] = e % hd;
+        om[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     for (int sp0 = 0; sp0 < ns; sp0 += ATT_MERGE_DEPTH) {
-        float v[ATT_MAX_OUT][ATT_MERGE_DEPTH];
+        float4 v[NQ][ATT_MERGE_DEPTH];
 #pragma unroll
-        for (int k = 0; k < ATT_MAX_OUT; k++) {
-            int i = threadIdx.x + k * ATT_THREADS, hh = i / hd, d = i % hd;
-            const float *po = part_o + ((size_t)(j * g + hh) * n_split + sp0) * hd + d;
+        for (int k = 0; k < NQ; k++) {
+            const float4 *po = (const float4 *)(part_o + ((size_t)(j * g + max(q_head[k], 0)) * n_split + sp0) * hd + q_dim[k]);
 #pragma unroll
             for (int q = 0; q < ATT_MERGE_DEPTH; q++)
-                v[k][q] = i < g * hd && sp0 + q < ns ? __ldcg(&po[(size_t)q * hd]) : 0.0f;
+                v[k][q] = q_head[k] >= 0 && sp0 + q < ns ? __ldcg(po + (size_t)q * hd / 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
-        for (int k = 0; k < ATT_MAX_OUT; k++) {
-            int i = threadIdx.x + k * ATT_THREADS;
-            if (i >= g * hd) break;
-            const float *wt = wts + (i / hd) * ns + sp0;
+        for (int k = 0; k < NQ; k++) {
+            if (q_head[k] < 0) continue;
+            const float *wt = wts + q_head[k] * ns + sp0;
 #pragma unroll
-            for (int q = 0; q < ATT_MERGE_DEPTH; q++)
-                if (sp0 + q < ns) om[k] += v[k][q] * wt[q];
+            for (int q = 0; q < ATT_MERGE_DEPTH; q++) {
+                if (sp0 + q >= ns) break;
+                float w = wt[q];
+                om[k].x += v[k][q].x * w; om[k].y += v[k][q].y * w;
+                om[k].z += v[k][q].z * w; om[k].w += v[k][q].w * w;
+            }
         }
     }
+    // through shared memory (after the weights) back to one value per lane: the gate, the fp32
+    // output and the quantized copy (a warp quantizes 32 consecutive values)
+    float *mo = wts + (g * ns + 3) / 4 * 4;
+#pragma unroll
+    for (int k = 0; k < NQ; k++)
+        if (q_head[k] >= 0) *(float4 *)(mo + q_head[k] * hd + q_dim[k]) = om[k];
+    __syncthreads();
     int nb = n_head * hd / 32;
 #pragma unroll
     for (int k = 0; k < ATT_MAX_OUT; k++) {
         int i = threadIdx.x + k * ATT_THREADS; // whole warps: g*hd is a multiple of 32
         if (i >= g * hd) break;
-        if (gate) om[k] /= 1.0f + __expf(-gate[(size_t)(j * g + i / hd) * gate_stride + i % hd]);
-        out.f[(size_t)j * g * hd + i] = om[k];
-        if (out.q.q) quantize_block_warp(om[k], out.q, (j * g * hd + i - lane) / 32, nb);
+        float v = mo[i];
+        if (gate) v /= 1.0f + __expf(-gate[(size_t)(j * g + i / hd) * gate_stride + i % hd]);
+        out.f[(size_t)j * g * hd + i] = v;
+        if (out.q.q) quantize_block_warp(v, out.q, (j * g * hd + i - lane) / 32, nb);
     }
     if (threadIdx.x == 0) kv_done[j] = 0;
 }
