@@ -2188,6 +2188,9 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
     }
 }
 
+// One kernel per type when all the matrices of a launch have one type (TYPE >= 0; gate/up, the
+// output matrix): each gets a register allocation of its own. TYPE = -1: any mix of the fast types.
+template <int TYPE>
 __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
     int warp = (blockIdx.x * MV_THREADS + threadIdx.x) / WARP;
     int a = warp * p.upw, b = min(a + p.upw, p.first_unit[p.n]);
@@ -2196,7 +2199,8 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) matvec_stream_kerne
         int s = max(a, p.first_unit[m]), e = min(b, p.first_unit[m + 1]);
         if (s >= e) continue;
 #define RUN(T) mv_run<T>(p, m, xq, n_sub, s - p.first_unit[m], e - p.first_unit[m], warp, cnt)
-        FAST_TYPE_SWITCH(p.type[m], RUN)
+        if (TYPE >= 0) RUN(TYPE >= 0 ? TYPE : 0);
+        else FAST_TYPE_SWITCH(p.type[m], RUN)
 #undef RUN
     }
     if (p.group_done) mv_count_flush(p, cnt);
@@ -2209,7 +2213,7 @@ static int mv_grid_blocks(void) {
         int dev, n_sm, per_sm;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_stream_kernel, MV_THREADS, 0));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_stream_kernel<-1>, MV_THREADS, 0));
         blocks = n_sm * (per_sm > 0 ? per_sm : 1);
         if (blocks * (MV_THREADS / WARP) > MV_MAX_WARPS) blocks = MV_MAX_WARPS / (MV_THREADS / WARP);
     }
@@ -2232,8 +2236,14 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     int n_sub = n_in / 32, total = p->first_unit[p->n];
     int warps = mv_grid_blocks() * (MV_THREADS / WARP);
     p->upw = (total + warps - 1) / warps;
-    int used = (total + p->upw - 1) / p->upw, wpb = MV_THREADS / WARP;
-    matvec_stream_kernel<<<(used + wpb - 1) / wpb, MV_THREADS, 0, st>>>(*p, xq, n_sub);
+    int used = (total + p->upw - 1) / p->upw, wpb = MV_THREADS / WARP, blocks = (used + wpb - 1) / wpb;
+    int type = p->type[0];
+    for (int m = 1; m < p->n; m++)
+        if (p->type[m] != type) type = -1;
+#define STREAM(T) matvec_stream_kernel<T><<<blocks, MV_THREADS, 0, st>>>(*p, xq, n_sub)
+    if (type < 0) STREAM(-1);
+    else FAST_TYPE_SWITCH(type, STREAM)
+#undef STREAM
     KERNEL_CHECK();
 }
 
@@ -2548,6 +2558,7 @@ static int att_splits(int n_ctx, int hd) {
     return chunks < cap ? chunks : cap;
 }
 #define ATT_MAX_OUT 8     // outputs per thread: g * head_dim <= 2048
+#define ATT_STAGE 4       // 16-byte K (and V) loads per thread and chunk: chunk * hd / 8 <= 4 * ATT_THREADS
 #define ATT_MERGE_DEPTH 8 // splits per round of the merge
 #define ATT_KPAD 8        // K rows padded by 8 halves: 16-byte aligned rows, 4 banks apart for head_dim % 64 == 0
 __host__ __device__ static size_t att_smem_kv(int hd, int chunk) { return (size_t)chunk * (hd + ATT_KPAD) * 2 + (size_t)chunk * hd * 2; }
@@ -2573,7 +2584,18 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     __half *K = (__half *)smem, *Vs = K + (size_t)chunk * ks;
     float *qs = (float *)(Vs + (size_t)chunk * hd), *ps = qs + g * hd;
     __shared__ float mh[32], lh[32], ch[32]; // per query head (g <= 32): running max, sum, rescale c
-    for (int i = threadIdx.x; i < g * hd; i += ATT_THREADS) qs[i] = q[(size_t)j * g * hd + i]; // q of the g heads
+    {   // q of the g heads (g * hd <= ATT_THREADS * ATT_MAX_OUT floats): 16-byte loads, all issued
+        // before the first store
+        const int NQ = ATT_MAX_OUT / 4;
+        const float4 *qg = (const float4 *)(q + (size_t)j * g * hd);
+        float4 qv[NQ];
+#pragma unroll
+        for (int k = 0; k < NQ; k++)
+            if (threadIdx.x + k * ATT_THREADS < g * hd / 4) qv[k] = qg[threadIdx.x + k * ATT_THREADS];
+#pragma unroll
+        for (int k = 0; k < NQ; k++)
+            if (threadIdx.x + k * ATT_THREADS < g * hd / 4) ((float4 *)qs)[threadIdx.x + k * ATT_THREADS] = qv[k];
+    }
     if (threadIdx.x < g) { mh[threadIdx.x] = -INFINITY; lh[threadIdx.x] = 0.0f; }
     // Output pairs: slot k of a thread holds dims (d, d+1) of head hh for pair p = threadIdx.x + k *
     // ATT_THREADS (element 2p of the g heads' outputs); its offsets are fixed for the whole block.
@@ -2592,12 +2614,26 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     for (int c = split * cps; c < min((split + 1) * cps, n_chunks); c++) {
         int t0 = c * chunk, nt = min(chunk, pos + 1 - t0);
         __syncthreads(); // the previous chunk is consumed
-        // stage the chunk's K and V rows (hd/8 uint4 per row)
-        for (int i = threadIdx.x; i < nt * v8; i += ATT_THREADS) {
-            int t = i / v8, cc = i % v8;
+        // stage the chunk's K and V rows (hd/8 uint4 per row; chunk * hd <= 8192, so at most
+        // ATT_STAGE of each per thread): every load issued before the first store, one memory
+        // latency per chunk (a loop of load-store pairs waits one latency per pair)
+        uint4 kr[ATT_STAGE], vr[ATT_STAGE];
+#pragma unroll
+        for (int k = 0; k < ATT_STAGE; k++) {
+            int i = threadIdx.x + k * ATT_THREADS, t = i / v8, cc = i % v8;
             size_t src = ((size_t)(t0 + t) * n_kv + j) * hd + 8 * cc;
-            *(uint4 *)(K + (size_t)t * ks + 8 * cc) = *(const uint4 *)(kc + src);
-            *(uint4 *)(Vs + (size_t)t * hd + 8 * cc) = *(const uint4 *)(vc + src);
+            if (i < nt * v8) {
+                kr[k] = *(const uint4 *)(kc + src);
+                vr[k] = *(const uint4 *)(vc + src);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < ATT_STAGE; k++) {
+            int i = threadIdx.x + k * ATT_THREADS, t = i / v8, cc = i % v8;
+            if (i < nt * v8) {
+                *(uint4 *)(K + (size_t)t * ks + 8 * cc) = kr[k];
+                *(uint4 *)(Vs + (size_t)t * hd + 8 * cc) = vr[k];
+            }
         }
         __syncthreads();
         // scores: one thread per (head, key) pair, 8 dims per step (one 16-byte K load, two of q),
