@@ -2559,11 +2559,13 @@ static int att_splits(int n_ctx, int hd) {
 }
 #define ATT_MAX_OUT 8     // outputs per thread: g * head_dim <= 2048
 #define ATT_STAGE 4       // 16-byte K (and V) loads per thread and chunk: chunk * hd / 8 <= 4 * ATT_THREADS
-#define ATT_MERGE_DEPTH 8 // splits per round of the merge
+#ifndef ATT_MERGE_DEPTH
+#define ATT_MERGE_DEPTH 16 // splits per round of the merge (2 rounds for 32 splits)
+#endif
 #define ATT_KPAD 8        // K rows padded by 8 halves: 16-byte aligned rows, 4 banks apart for head_dim % 64 == 0
 __host__ __device__ static size_t att_smem_kv(int hd, int chunk) { return (size_t)chunk * (hd + ATT_KPAD) * 2 + (size_t)chunk * hd * 2; }
 static size_t att_smem(int g, int hd, int chunk) { return att_smem_kv(hd, chunk) + (size_t)g * hd * 4 + (size_t)g * chunk * 4; }
-__global__ void __launch_bounds__(ATT_THREADS)
+__global__ void __launch_bounds__(ATT_THREADS, 2) // 2 blocks per SM: at most 128 registers
 attention_split_kernel(const float *q,    // (n_head, hd) roped
                        const __half *kc,  // (n_ctx, n_kv, hd)
                        const __half *vc,  // (n_ctx, n_kv, hd)
@@ -2730,8 +2732,8 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     __syncthreads();
     // Merged outputs, 4 consecutive dims per thread slot: quad qd = threadIdx.x + k * ATT_THREADS of
     // the g*hd/4 (16-byte loads of the partial outputs; index arithmetic once, outside the rounds).
-    // ATT_MERGE_DEPTH splits of all the thread's quads per round, every load of the round issued
-    // before the first multiply: one L2 latency per round, not one per split and output.
+    // Per slot, ATT_MERGE_DEPTH splits per round, every load of the round issued before the first
+    // multiply: one L2 latency per round (2 rounds for 32 splits), not one per split.
     const int NQ = ATT_MAX_OUT / 4;
     int q_head[NQ], q_dim[NQ];
     float4 om[NQ];
@@ -2742,25 +2744,22 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
         q_dim[k] = e % hd;
         om[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int sp0 = 0; sp0 < ns; sp0 += ATT_MERGE_DEPTH) {
-        float4 v[NQ][ATT_MERGE_DEPTH];
 #pragma unroll
-        for (int k = 0; k < NQ; k++) {
-            const float4 *po = (const float4 *)(part_o + ((size_t)(j * g + max(q_head[k], 0)) * n_split + sp0) * hd + q_dim[k]);
+    for (int k = 0; k < NQ; k++) {
+        if (q_head[k] < 0) continue;
+        const float4 *po = (const float4 *)(part_o + ((size_t)(j * g + q_head[k]) * n_split) * hd + q_dim[k]);
+        const float *wt = wts + q_head[k] * ns;
+        for (int sp0 = 0; sp0 < ns; sp0 += ATT_MERGE_DEPTH) {
+            float4 v[ATT_MERGE_DEPTH];
 #pragma unroll
             for (int q = 0; q < ATT_MERGE_DEPTH; q++)
-                v[k][q] = q_head[k] >= 0 && sp0 + q < ns ? __ldcg(po + (size_t)q * hd / 4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int k = 0; k < NQ; k++) {
-            if (q_head[k] < 0) continue;
-            const float *wt = wts + q_head[k] * ns + sp0;
+                if (sp0 + q < ns) v[q] = __ldcg(po + (size_t)(sp0 + q) * hd / 4);
 #pragma unroll
             for (int q = 0; q < ATT_MERGE_DEPTH; q++) {
                 if (sp0 + q >= ns) break;
-                float w = wt[q];
-                om[k].x += v[k][q].x * w; om[k].y += v[k][q].y * w;
-                om[k].z += v[k][q].z * w; om[k].w += v[k][q].w * w;
+                float w = wt[sp0 + q];
+                om[k].x += v[q].x * w; om[k].y += v[q].y * w;
+                om[k].z += v[q].z * w; om[k].w += v[q].w * w;
             }
         }
     }
