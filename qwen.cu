@@ -2565,6 +2565,11 @@ static int att_splits(int n_ctx, int hd) {
 #define ATT_KPAD 8        // K rows padded by 8 halves: 16-byte aligned rows, 4 banks apart for head_dim % 64 == 0
 __host__ __device__ static size_t att_smem_kv(int hd, int chunk) { return (size_t)chunk * (hd + ATT_KPAD) * 2 + (size_t)chunk * hd * 2; }
 static size_t att_smem(int g, int hd, int chunk) { return att_smem_kv(hd, chunk) + (size_t)g * hd * 4 + (size_t)g * chunk * 4; }
+// Shortest chunk: short contexts are cut into shorter chunks, so that their keys spread over all
+// n_split splits (more blocks, each with less work: at 128 keys 9 splits of 16 instead of 2 of 64).
+#define ATT_MIN_CHUNK 16
+// HD > 0: the head dim as a compile-time constant (unrolled loops, immediate offsets); 0: hd_arg.
+template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, 2) // 2 blocks per SM: at most 128 registers
 attention_split_kernel(const float *q,    // (n_head, hd) roped
                        const __half *kc,  // (n_ctx, n_kv, hd)
@@ -2575,10 +2580,14 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
                        Act out,           // (n_head, hd) the merged output
                        const float *gate, // (n_head, gate_stride) qwen35: out *= sigmoid(gate), or NULL
                        int gate_stride,
-                       const int *pos_p, int n_head, int n_kv, int hd, int n_split, int chunk) {
+                       const int *pos_p, int n_head, int n_kv, int hd_arg, int n_split, int chunk) {
     extern __shared__ uint4 smem[];
+    const int hd = HD > 0 ? HD : hd_arg;
     int j = blockIdx.x, split = blockIdx.y, pos = *pos_p;
-    int n_chunks = pos / chunk + 1, cps = (n_chunks + n_split - 1) / n_split, ns = (n_chunks + cps - 1) / cps;
+    // this token's chunk length ck <= chunk: ceil((pos + 1) / n_split) keys rounded up to 8, at
+    // least ATT_MIN_CHUNK (chunk, the shared memory's size, from 2048 keys on for 32 splits)
+    int ck = min(chunk, max(ATT_MIN_CHUNK, ((pos + n_split) / n_split + 7) / 8 * 8));
+    int n_chunks = pos / ck + 1, cps = (n_chunks + n_split - 1) / n_split, ns = (n_chunks + cps - 1) / cps;
     if (split >= ns) return;
     int g = n_head / n_kv;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;
@@ -2614,7 +2623,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     float scale = rsqrtf((float)hd);
     int v8 = hd / 8;
     for (int c = split * cps; c < min((split + 1) * cps, n_chunks); c++) {
-        int t0 = c * chunk, nt = min(chunk, pos + 1 - t0);
+        int t0 = c * ck, nt = min(ck, pos + 1 - t0);
         __syncthreads(); // the previous chunk is consumed
         // stage the chunk's K and V rows (hd/8 uint4 per row; chunk * hd <= 8192, so at most
         // ATT_STAGE of each per thread): every load issued before the first store, one memory
@@ -2678,26 +2687,30 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
             }
         }
         __syncthreads();
-        // o = c o + sum_t p[t] V[t]: the keys outer, the thread's output pairs inner (independent sums)
-        float2 acc[NP];
-#pragma unroll
-        for (int k = 0; k < NP; k++) acc[k] = make_float2(0.0f, 0.0f);
-        for (int t = 0; t < nt; t++) {
-            const __half *vt = Vs + (size_t)t * hd;
-#pragma unroll
-            for (int k = 0; k < NP; k++) {
-                if (p_head[k] < 0) continue;
-                float pt = ps[p_head[k] * chunk + t];
-                float2 v = __half22float2(*(const __half2 *)(vt + p_dim[k]));
-                acc[k].x += pt * v.x;
-                acc[k].y += pt * v.y;
-            }
-        }
+        // o = c o + sum_t p[t] V[t]: per output pair, the keys 4 at a time (one 16-byte load of p,
+        // a broadcast within the warp: a warp's pairs are of one head), two independent sums
 #pragma unroll
         for (int k = 0; k < NP; k++) {
-            if (p_head[k] < 0) continue;
+            if (p_head[k] < 0) continue; // whole warps but for the last slot of g*hd/2 pairs
+            const float *pk = ps + p_head[k] * chunk;
+            const __half2 *vk = (const __half2 *)(Vs + p_dim[k]); // key t at vk[t * hd / 2]
+            float2 a = make_float2(0.0f, 0.0f), b = make_float2(0.0f, 0.0f);
+            int t = 0;
+            for (; t + 4 <= nt; t += 4, vk += 2 * hd) {
+                float4 p4 = *(const float4 *)(pk + t);
+                float2 v0 = __half22float2(vk[0]), v1 = __half22float2(vk[hd / 2]);
+                float2 v2 = __half22float2(vk[hd]), v3 = __half22float2(vk[3 * hd / 2]);
+                a.x += p4.x * v0.x; a.y += p4.x * v0.y;
+                b.x += p4.y * v1.x; b.y += p4.y * v1.y;
+                a.x += p4.z * v2.x; a.y += p4.z * v2.y;
+                b.x += p4.w * v3.x; b.y += p4.w * v3.y;
+            }
+            for (; t < nt; t++, vk += hd / 2) {
+                float2 v0 = __half22float2(vk[0]);
+                a.x += pk[t] * v0.x; a.y += pk[t] * v0.y;
+            }
             float cr = ch[p_head[k]];
-            o[k] = make_float2(cr * o[k].x + acc[k].x, cr * o[k].y + acc[k].y);
+            o[k] = make_float2(cr * o[k].x + (a.x + b.x), cr * o[k].y + (a.y + b.y));
         }
     }
     if (threadIdx.x < g) {
@@ -3116,8 +3129,12 @@ static void attention(const float *q, const __half *kc, const __half *vc, float 
     int chunk = att_chunk(hd), g = n_head / n_kv;
     size_t smem = att_smem(g, hd, chunk);
     if (n_split < 1 || n_split > WARP) die("attention: %d splits per kv head (1..%d)", n_split, WARP);
-    attention_split_kernel<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, part_o, part_ml, kv_done, *out, gate,
-                                                                           gate_stride, pos, n_head, n_kv, hd, n_split, chunk);
+    // the head dims of the Qwen models compiled as constants, any other (tiny test models) at run time
+    void (*kern)(const float *, const __half *, const __half *, float *, float *, int *, Act, const float *, int,
+                 const int *, int, int, int, int, int) =
+        hd == 128 ? attention_split_kernel<128> : hd == 256 ? attention_split_kernel<256> : attention_split_kernel<0>;
+    kern<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, part_o, part_ml, kv_done, *out, gate, gate_stride,
+                                                         pos, n_head, n_kv, hd, n_split, chunk);
     KERNEL_CHECK();
 }
 
@@ -3133,8 +3150,11 @@ static void attention_setup(int n_head, int n_kv, int hd) {
     if (smem > (size_t)optin)
         die("attention needs %zu bytes of shared memory per block (%d query heads per kv head of dim %d); this GPU "
             "allows %d", smem, n_head / n_kv, hd, optin);
-    if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (smem > 48 * 1024) {
+        CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -1670,9 +1670,9 @@ static void test_gpu_small_kernels(void) {
                            "gpu rope_and_kv_store (full rotation) vs rope_neox_c: q, k",
                            "gpu rope_and_kv_store (qwen3 q/k norm) vs rmsnorm_c + rope_neox_c: q, k",
                            "gpu rope_and_kv_store (partial: 16 of 64 dims) vs rope_neox_c: q, k",
-                           "gpu attention split+combine (1 and 3 chunks per split) vs attention_c (g=3, hd=64)",
-                           "gpu attention split+combine (1 and 3 chunks per split) vs attention_c (g=8, hd=128)",
-                           "gpu attention split+combine (1 and 5 chunks per split), sigmoid gate vs attention_c (g=6, hd=256)",
+                           "gpu attention split+combine (chunks of 16-64 keys, 1 or more per split) vs attention_c (g=3, hd=64)",
+                           "gpu attention split+combine (chunks of 16-64 keys, 1 or more per split) vs attention_c (g=8, hd=128)",
+                           "gpu attention split+combine (chunks of 16-32 keys, 1 or more per split), sigmoid gate vs attention_c (g=6, hd=256)",
                            "gpu silu_mul_quant_kernel vs silu_c * u + quantize_block_c"};
     if (SKIP_ALL_WITHOUT_GPU(names)) return;
     // rmsnorm + quantize
