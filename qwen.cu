@@ -3015,15 +3015,9 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
         // rows longer than one pass of the block (the FFN down projections) take half the rows per
         // block: twice the blocks, since each one walks its rows pass after pass
         int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
-        // experiment: QWEN_LONG_ROWS=2|4|8 rows per block for the long rows (the 27B ffn_down: 1280
-        // blocks of 4 rows are 2.42 waves of 528 resident blocks; 2 rows: 4.85)
-        static int lr = 0;
-        if (!lr) { const char *e = getenv("QWEN_LONG_ROWS"); lr = e ? atoi(e) : FAST_ROWS / 2; if (lr != 2 && lr != 8) lr = 4; }
-        int R = long_rows ? lr : FAST_ROWS, blocks = (n_out + R - 1) / R;
+        int R = long_rows ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
 #define FAST(T)                                                                                                  \
-    if (long_rows && lr == 2) matvec_fast_kernel<T, 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
-    else if (long_rows && lr == 8) matvec_fast_kernel<T, 8, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
-    else if (long_rows) matvec_fast_kernel<T, 4, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
+    if (long_rows) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
     else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
         FAST_TYPE_SWITCH(W->type, FAST)
 #undef FAST
