@@ -2563,8 +2563,10 @@ static int att_splits(int n_ctx, int hd) {
 #define ATT_MERGE_DEPTH 16 // splits per round of the merge (2 rounds for 32 splits)
 #endif
 #define ATT_KPAD 8        // K rows padded by 8 halves: 16-byte aligned rows, 4 banks apart for head_dim % 64 == 0
-__host__ __device__ static size_t att_smem_kv(int hd, int chunk) { return (size_t)chunk * (hd + ATT_KPAD) * 2 + (size_t)chunk * hd * 2; }
-static size_t att_smem(int g, int hd, int chunk) { return att_smem_kv(hd, chunk) + (size_t)g * hd * 4 + (size_t)g * chunk * 4; }
+// dynamic shared memory: K rows, V rows (fp16), q of the g heads, their scores (fp32)
+static size_t att_smem(int g, int hd, int chunk) {
+    return (size_t)chunk * (hd + ATT_KPAD) * 2 + (size_t)chunk * hd * 2 + (size_t)g * hd * 4 + (size_t)g * chunk * 4;
+}
 // Shortest chunk: short contexts are cut into shorter chunks, so that their keys spread over all
 // n_split splits (more blocks, each with less work: at 128 keys 9 splits of 16 instead of 2 of 64).
 #define ATT_MIN_CHUNK 16
@@ -3097,8 +3099,6 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
             matvec_stream(&p, in->q, (int)G->n_in, st);
             return;
         }
-    }
-    if (G->planes && U->planes && G->type == U->type && n_ff % 32 == 0 && in->q.q) {
         const uint8_t *wg = (const uint8_t *)G->dev, *wu = (const uint8_t *)U->dev;
         int threads = fast_threads(n_sub);
 #define GU(T) ffn_gate_up_silu_kernel<T><<<n_ff / GATE_UP_ROWS, threads, 0, st>>>(wg, wu, in->q, *h, group_done, n_sub, n_ff)
@@ -5249,7 +5249,8 @@ static void run_bench(Model *m, int n_ctx) {
 
     bench_attention(m, &s);
 
-    // tuning runs: QWEN_BENCH_DECODE_ONLY=1 stops after the two contexts, any other value skips the prefill
+    // tuning runs: QWEN_BENCH_DECODE_ONLY=1 stops here (the two contexts and the attention alone),
+    // any other value skips the prefill
     const char *decode_only = getenv("QWEN_BENCH_DECODE_ONLY");
     if (decode_only && !strcmp(decode_only, "1")) {
         gpu_state_free(&s);

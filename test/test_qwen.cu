@@ -1752,7 +1752,7 @@ static void test_gpu_small_kernels(void) {
         float *gate = (float *)xmalloc((size_t)n_head * 2 * hd * 4);
         for (int i = 0; i < n_head * 2 * hd; i++) gate[i] = nrand() * 2;
         float *dgate = (float *)dcopy(gate, (size_t)n_head * 2 * hd * 4) + hd; // gate half of [q | gate]
-        int n_split = (n_ctx + att_chunk(hd) - 1) / att_chunk(hd); // one chunk per split; 2 splits: several each
+        int n_split = att_splits(n_ctx, hd); // the engine's: one chunk per split here; 2 splits: several each
         attention_setup(n_head, n_kv, hd);
         size_t csz = (size_t)n_ctx * n_kv * hd;
         __half *hk = (__half *)xmalloc(csz * 2), *hv = (__half *)xmalloc(csz * 2);
