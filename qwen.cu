@@ -2473,7 +2473,8 @@ static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float
 }
 
 // Per head: optional RMSNorm (qwen3/qwen35's q/k norm), NEOX RoPE on the first n_rot dims, then k
-// and v appended to the fp16 cache at *pos. Grid: n_head + n_kv blocks, q heads first; a prefill
+// and v appended to the fp16 cache at *pos: the prompt's path (decode folds the same steps into
+// attention_split_kernel). Grid: n_head + n_kv blocks, q heads first; a prefill
 // adds a grid row per batch row t (position *pos + t, every pointer advanced by t rows). Query head h
 // is read from q_src + h*q_stride (qwen35 interleaves q with its gate) and written to q (may be the
 // same memory). C twin: rmsnorm_c per head, rope_neox_c, and the copy into the cache in
@@ -2539,7 +2540,10 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
 // the weighted sum of V run from there, folded into the split's running state (online softmax):
 //   m' = max(m, max score),  c = e^(m - m'),  l' = c l + sum e^(score - m'),  o' = c o + sum e^(score - m') V.
 // Output per query head and split: m, l, o. The last block of a kv head merges the splits (below).
-// C twin: attention_c.
+// Decode folds this token's RoPE and KV store in (AttNew): every block normalizes and rotates the q
+// of its g heads itself, and the block of the last split, which holds key *pos, does the same for k,
+// writes k and v into the cache and uses them from shared memory.
+// C twin: attention_c (after rmsnorm_c and rope_neox_c for the fold).
 #define ATT_THREADS 256
 // keys per chunk: 64 for head_dim <= 128, fewer for wider heads (shared memory)
 static int att_chunk(int hd) { return hd <= 128 ? 64 : 8192 / hd; }
@@ -2563,9 +2567,35 @@ static int att_splits(int n_ctx, int hd) {
 #define ATT_MERGE_DEPTH 16 // splits per round of the merge (2 rounds for 32 splits)
 #endif
 #define ATT_KPAD 8        // K rows padded by 8 halves: 16-byte aligned rows, 4 banks apart for head_dim % 64 == 0
-// dynamic shared memory: K rows, V rows (fp16), q of the g heads, their scores (fp32)
+// dynamic shared memory: K rows, V rows (fp16), q of the g heads, their scores (fp32), then this
+// token's k (fp32), its RoPE angles (cos, sin per rotated pair) and its k and v rows in fp16
 static size_t att_smem(int g, int hd, int chunk) {
-    return (size_t)chunk * (hd + ATT_KPAD) * 2 + (size_t)chunk * hd * 2 + (size_t)g * hd * 4 + (size_t)g * chunk * 4;
+    return (size_t)chunk * (hd + ATT_KPAD) * 2 + (size_t)chunk * hd * 2 + (size_t)g * hd * 4 + (size_t)g * chunk * 4 +
+           (size_t)hd * 4 + (size_t)hd / 2 * 8 + (size_t)hd * 2 * 2;
+}
+// This token's q, k and v as the projections left them, for RoPE and the KV store folded into the
+// attention (decode: one launch per layer fewer). With q_src == NULL the attention reads q roped
+// already and a cache that holds position *pos (the attention alone: the tests, the benchmark).
+typedef struct {
+    const float *q_src;           // (n_head, q_stride) raw q; qwen35 interleaves it with its gate (2 hd)
+    int q_stride;
+    const float *k, *v;           // (n_kv, hd) this token's key and value
+    const float *q_norm, *k_norm; // (hd) qwen3 / qwen35's RMSNorm per head, or NULL (qwen2)
+    int n_rot;                    // NEOX RoPE on the first n_rot dims of each head
+    const float2 *rope_cs;        // (n_rot / 2) cos, sin of this token's angles (rope_angles_kernel)
+    float eps;
+} AttNew;
+
+// This token's RoPE angles, computed once per token for all attention layers (they share the
+// position and the frequencies), in double as rope_neox_c:
+//   cs[i] = (cos, sin)(theta_i),  theta_i = pos * freq_scale * base^(-2i / n_rot),  i < n_rot / 2.
+// One block of at least n_rot / 2 threads.
+__global__ void rope_angles_kernel(float2 *cs, const int *pos_p, int n_rot, float base, float freq_scale) {
+    int i = threadIdx.x;
+    if (i < n_rot / 2) {
+        double theta = (double)*pos_p * freq_scale * pow((double)base, -2.0 * i / n_rot);
+        cs[i] = make_float2((float)cos(theta), (float)sin(theta));
+    }
 }
 // Shortest chunk: short contexts are cut into shorter chunks, so that their keys spread over all
 // n_split splits (more blocks, each with less work: at 128 keys 9 splits of 16 instead of 2 of 64).
@@ -2573,9 +2603,10 @@ static size_t att_smem(int g, int hd, int chunk) {
 // HD > 0: the head dim as a compile-time constant (unrolled loops, immediate offsets); 0: hd_arg.
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, 2) // 2 blocks per SM: at most 128 registers
-attention_split_kernel(const float *q,    // (n_head, hd) roped
-                       const __half *kc,  // (n_ctx, n_kv, hd)
-                       const __half *vc,  // (n_ctx, n_kv, hd)
+attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur.q_src is set)
+                       __half *kc,        // (n_ctx, n_kv, hd) written at *pos when cur.q_src is set
+                       __half *vc,        // (n_ctx, n_kv, hd)
+                       AttNew cur,
                        float *part_o,     // (n_head, n_split, hd)
                        float *part_ml,    // (n_head, n_split, 2)
                        int *kv_done,      // (n_kv) counters, zero between tokens
@@ -2597,17 +2628,81 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     __half *K = (__half *)smem, *Vs = K + (size_t)chunk * ks;
     float *qs = (float *)(Vs + (size_t)chunk * hd), *ps = qs + g * hd;
     __shared__ float mh[32], lh[32], ch[32]; // per query head (g <= 32): running max, sum, rescale c
-    {   // q of the g heads (g * hd <= ATT_THREADS * ATT_MAX_OUT floats): 16-byte loads, all issued
-        // before the first store
+    float *kn = ps + g * chunk;                                 // (hd) this token's k
+    float2 *rcs = (float2 *)(kn + hd);                          // (n_rot / 2) cos, sin of its angles
+    __half *kh = (__half *)(rcs + hd / 2), *vh = kh + hd;       // (hd) its k and v rows for the cache
+    // own: this block holds key *pos (the last split) and writes this token's k and v into the cache
+    int own = cur.q_src != NULL && split == ns - 1;
+    {   // q of the g heads (g * hd <= ATT_THREADS * ATT_MAX_OUT floats), and the own block's k and v:
+        // 16-byte loads, all issued before the first store
         const int NQ = ATT_MAX_OUT / 4;
-        const float4 *qg = (const float4 *)(q + (size_t)j * g * hd);
-        float4 qv[NQ];
+        float4 qv[NQ], k4, v4;
+        float2 cs = make_float2(0.0f, 0.0f);
 #pragma unroll
-        for (int k = 0; k < NQ; k++)
-            if (threadIdx.x + k * ATT_THREADS < g * hd / 4) qv[k] = qg[threadIdx.x + k * ATT_THREADS];
+        for (int k = 0; k < NQ; k++) {
+            int e = 4 * (threadIdx.x + k * ATT_THREADS); // element of the g heads' q
+            if (e < g * hd)
+                qv[k] = cur.q_src ? *(const float4 *)(cur.q_src + (size_t)(j * g + e / hd) * cur.q_stride + e % hd)
+                                 : *(const float4 *)(q + (size_t)j * g * hd + e);
+        }
+        if (own && threadIdx.x < hd / 4) {
+            k4 = *(const float4 *)(cur.k + (size_t)j * hd + 4 * threadIdx.x);
+            v4 = *(const float4 *)(cur.v + (size_t)j * hd + 4 * threadIdx.x);
+        }
+        if (cur.q_src && threadIdx.x < cur.n_rot / 2) cs = cur.rope_cs[threadIdx.x];
 #pragma unroll
         for (int k = 0; k < NQ; k++)
             if (threadIdx.x + k * ATT_THREADS < g * hd / 4) ((float4 *)qs)[threadIdx.x + k * ATT_THREADS] = qv[k];
+        if (cur.q_src && threadIdx.x < cur.n_rot / 2) rcs[threadIdx.x] = cs;
+        if (own && threadIdx.x < hd / 4) {
+            ((float4 *)kn)[threadIdx.x] = k4;
+            __half2 a = __floats2half2_rn(v4.x, v4.y), b = __floats2half2_rn(v4.z, v4.w);
+            ((__half2 *)vh)[2 * threadIdx.x] = a;
+            ((__half2 *)vh)[2 * threadIdx.x + 1] = b;
+            __half2 *dst = (__half2 *)(vc + ((size_t)pos * n_kv + j) * hd) + 2 * threadIdx.x;
+            dst[0] = a;
+            dst[1] = b;
+        }
+    }
+    if (cur.q_src) {
+        // RMSNorm per head (qwen3 / qwen35), then the rotation of each pair (i, i + n_rot/2) of the
+        // first n_rot dims: heads 0..g-1 are q in qs, head g (own block only) is k in kn
+        __shared__ float inv_rms[33];
+        int nh = g + own;
+        __syncthreads();
+        if (cur.q_norm || cur.k_norm) {
+            for (int hh = wid; hh < nh; hh += nw) {
+                const float *x = hh < g ? qs + hh * hd : kn;
+                if (!(hh < g ? cur.q_norm : cur.k_norm)) continue;
+                float ss = 0.0f;
+                for (int d = lane; d < hd; d += WARP) ss += x[d] * x[d];
+                ss = warp_sum(ss);
+                if (lane == 0) inv_rms[hh] = rsqrtf(ss / hd + cur.eps);
+            }
+            __syncthreads();
+            for (int e = threadIdx.x; e < nh * hd; e += ATT_THREADS) {
+                int hh = e / hd, d = e % hd;
+                const float *wn = hh < g ? cur.q_norm : cur.k_norm;
+                float *x = hh < g ? qs + e : kn + d;
+                if (wn) *x = *x * inv_rms[hh] * wn[d];
+            }
+            __syncthreads();
+        }
+        int half_rot = cur.n_rot / 2;
+        for (int pr = threadIdx.x; pr < nh * half_rot; pr += ATT_THREADS) {
+            int hh = pr / half_rot, i = pr % half_rot;
+            float *x = hh < g ? qs + hh * hd : kn;
+            float2 cs = rcs[i];
+            float x0 = x[i], x1 = x[i + half_rot];
+            x[i] = x0 * cs.x - x1 * cs.y;
+            x[i + half_rot] = x0 * cs.y + x1 * cs.x;
+        }
+        __syncthreads();
+        if (own && threadIdx.x < hd / 2) { // this token's k row, fp16, for the cache and for this block
+            __half2 kk = __floats2half2_rn(kn[2 * threadIdx.x], kn[2 * threadIdx.x + 1]);
+            ((__half2 *)kh)[threadIdx.x] = kk;
+            ((__half2 *)(kc + ((size_t)pos * n_kv + j) * hd))[threadIdx.x] = kk;
+        }
     }
     if (threadIdx.x < g) { mh[threadIdx.x] = -INFINITY; lh[threadIdx.x] = 0.0f; }
     // Output pairs: slot k of a thread holds dims (d, d+1) of head hh for pair p = threadIdx.x + k *
@@ -2626,6 +2721,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
     int v8 = hd / 8;
     for (int c = split * cps; c < min((split + 1) * cps, n_chunks); c++) {
         int t0 = c * ck, nt = min(ck, pos + 1 - t0);
+        int nl = own && c == n_chunks - 1 ? nt - 1 : nt; // rows from the cache (the own block has key *pos in kh, vh)
         __syncthreads(); // the previous chunk is consumed
         // stage the chunk's K and V rows (hd/8 uint4 per row; chunk * hd <= 8192, so at most
         // ATT_STAGE of each per thread): every load issued before the first store, one memory
@@ -2635,7 +2731,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
         for (int k = 0; k < ATT_STAGE; k++) {
             int i = threadIdx.x + k * ATT_THREADS, t = i / v8, cc = i % v8;
             size_t src = ((size_t)(t0 + t) * n_kv + j) * hd + 8 * cc;
-            if (i < nt * v8) {
+            if (i < nl * v8) {
                 kr[k] = *(const uint4 *)(kc + src);
                 vr[k] = *(const uint4 *)(vc + src);
             }
@@ -2643,10 +2739,14 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped
 #pragma unroll
         for (int k = 0; k < ATT_STAGE; k++) {
             int i = threadIdx.x + k * ATT_THREADS, t = i / v8, cc = i % v8;
-            if (i < nt * v8) {
+            if (i < nl * v8) {
                 *(uint4 *)(K + (size_t)t * ks + 8 * cc) = kr[k];
                 *(uint4 *)(Vs + (size_t)t * hd + 8 * cc) = vr[k];
             }
+        }
+        if (nl < nt && threadIdx.x < v8) {
+            *(uint4 *)(K + (size_t)nl * ks + 8 * threadIdx.x) = ((const uint4 *)kh)[threadIdx.x];
+            *(uint4 *)(Vs + (size_t)nl * hd + 8 * threadIdx.x) = ((const uint4 *)vh)[threadIdx.x];
         }
         __syncthreads();
         // scores: one thread per (head, key) pair, 8 dims per step (one 16-byte K load, two of q),
@@ -3115,29 +3215,32 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
 
 // Attention of the token at *pos over one layer's cache: partial softmax states per split, merged
 // into out (fp32 and quantized). n_split = att_splits(n_ctx, hd): the grid's splits per kv head
-// (those past *pos return at once) and the slots of part_o / part_ml.
+// (those past *pos return at once) and the slots of part_o / part_ml. cur: this token's raw q, k, v
+// (RoPE and the KV store done here), or NULL: q roped already, the cache holding *pos.
 // kv_done: (n_kv) zeroed counters. Needs head_dim * g a multiple of 32 (checked in attention_setup).
-static void attention(const float *q, const __half *kc, const __half *vc, float *part_o, float *part_ml, int *kv_done,
-                      Act *out, const float *gate, int gate_stride, const int *pos, int n_head, int n_kv, int hd,
-                      int n_split, cudaStream_t st) {
+static void attention(const float *q, __half *kc, __half *vc, const AttNew *cur, float *part_o, float *part_ml,
+                      int *kv_done, Act *out, const float *gate, int gate_stride, const int *pos, int n_head, int n_kv,
+                      int hd, int n_split, cudaStream_t st) {
     int chunk = att_chunk(hd), g = n_head / n_kv;
     size_t smem = att_smem(g, hd, chunk);
     if (n_split < 1 || n_split > WARP) die("attention: %d splits per kv head (1..%d)", n_split, WARP);
     // the head dims of the Qwen models compiled as constants, any other (tiny test models) at run time
-    void (*kern)(const float *, const __half *, const __half *, float *, float *, int *, Act, const float *, int,
+    void (*kern)(const float *, __half *, __half *, AttNew, float *, float *, int *, Act, const float *, int,
                  const int *, int, int, int, int, int) =
         hd == 128 ? attention_split_kernel<128> : hd == 256 ? attention_split_kernel<256> : attention_split_kernel<0>;
-    kern<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, part_o, part_ml, kv_done, *out, gate, gate_stride,
-                                                         pos, n_head, n_kv, hd, n_split, chunk);
+    AttNew none;
+    memset(&none, 0, sizeof none);
+    kern<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, cur ? *cur : none, part_o, part_ml, kv_done, *out,
+                                                         gate, gate_stride, pos, n_head, n_kv, hd, n_split, chunk);
     KERNEL_CHECK();
 }
 
 // Check once that the attention kernel gets the shared memory it needs (over 48 KB needs opting in).
 static void attention_setup(int n_head, int n_kv, int hd) {
     size_t smem = att_smem(n_head / n_kv, hd, att_chunk(hd));
-    if (n_head / n_kv > 32 || hd % 32 != 0 || n_head / n_kv * hd > ATT_THREADS * ATT_MAX_OUT)
-        die("attention: %d query heads per kv head of dim %d are not supported (head dim a multiple of 32, "
-            "query heads per kv head x head dim at most %d)", n_head / n_kv, hd, ATT_THREADS * ATT_MAX_OUT);
+    if (n_head / n_kv > 32 || hd % 32 != 0 || hd > 2 * ATT_THREADS || n_head / n_kv * hd > ATT_THREADS * ATT_MAX_OUT)
+        die("attention: %d query heads per kv head of dim %d are not supported (head dim a multiple of 32 up to %d, "
+            "query heads per kv head x head dim at most %d)", n_head / n_kv, hd, 2 * ATT_THREADS, ATT_THREADS * ATT_MAX_OUT);
     int dev, optin;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -3936,6 +4039,7 @@ typedef struct {
     __half *key_cache;     // (n_kv_layers, n_ctx, n_head_kv, head_dim)
     __half *value_cache;   // (n_kv_layers, n_ctx, n_head_kv, head_dim)
     int *pos;              // (1) position of the token being processed
+    float2 *rope_cs;       // (head_dim / 2) cos, sin of its RoPE angles (rope_angles_kernel)
     float *h_x;            // pinned host (n_embd): the embedding row on its way up
     int *h_pos;            // pinned host (1)
     float *h_logits;       // pinned host (n_vocab): logits on their way down
@@ -4324,6 +4428,7 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
     CARVE(s->group_done, int *, c->n_ff / 32 * 4u + 4);
     CARVE(s->kv_done, int *, c->n_head_kv * 4u);
     CARVE(s->pos, int *, 4);
+    CARVE(s->rope_cs, float2 *, c->head_dim / 2 * 8u);
     if (c->arch == ARCH_QWEN35) CARVE(s->qg, float *, 2 * qdim * 4);
     if (c->n_gdn_layers) {
         CARVE(s->gdn_mixed, float *, conv_dim * 4);
@@ -4444,17 +4549,16 @@ static void attention_block_gpu(const Model *m, GpuState *s, int l) {
     cudaStream_t st = s->stream;
     int hd = c->head_dim, gated = c->arch == ARCH_QWEN35;
     size_t kvdim = (size_t)c->n_head_kv * hd;
-    // qwen35's Wq yields [q | gate] per head into qg; the RoPE kernel gathers q out of it
+    // qwen35's Wq yields [q | gate] per head into qg; the attention reads q out of it
     float *qsrc = gated ? s->qg : s->q;
     PROF("attn_qkv", L->wq.nbytes + L->wk.nbytes + L->wv.nbytes,
          matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb, qsrc, s->k, s->v, st));
     size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
     __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
-    PROF("rope_kv_store", 0, (rope_and_kv_store_kernel<<<c->n_head + c->n_head_kv, 128, hd * 4, st>>>(
-             s->q, qsrc, gated ? 2 * hd : hd, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), kc, vc, s->pos, c->n_head,
-             c->n_head_kv, hd, c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
-    PROF("attention", 0, attention(s->q, kc, vc, s->part_o, s->part_ml, s->kv_done, &s->att_out, gated ? s->qg + hd : NULL,
-                                   2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st));
+    // RoPE (after qwen3 / qwen35's per-head norm) and the KV store at *pos inside the attention
+    AttNew cur = {qsrc, gated ? 2 * hd : hd, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), c->n_rot, s->rope_cs, c->eps};
+    PROF("attention", 0, attention(NULL, kc, vc, &cur, s->part_o, s->part_ml, s->kv_done, &s->att_out,
+                                   gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st));
     PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
 }
 
@@ -4486,6 +4590,9 @@ static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     const Weights *w = &m->w;
     cudaStream_t st = s->stream;
     int E = c->n_embd;
+    if (c->n_kv_layers)
+        PROF("rope_angles", 0, (rope_angles_kernel<<<1, (c->n_rot / 2 + WARP - 1) / WARP * WARP, 0, st>>>(
+                                    s->rope_cs, s->pos, c->n_rot, c->rope_base, c->rope_freq_scale), KERNEL_CHECK()));
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
         PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st));
@@ -5195,7 +5302,7 @@ static void bench_attention(const Model *m, GpuState *s) {
         for (int l = 0; l < c->n_layer; l++) {
             if (c->kind[l] == LAYER_DELTANET) continue;
             size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
-            attention(s->q, s->key_cache + layer_off, s->value_cache + layer_off, s->part_o, s->part_ml, s->kv_done,
+            attention(s->q, s->key_cache + layer_off, s->value_cache + layer_off, NULL, s->part_o, s->part_ml, s->kv_done,
                       &s->att_out, gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st);
         }
         CUDA_CHECK(cudaStreamEndCapture(st, &graph));

@@ -1673,7 +1673,10 @@ static void test_gpu_small_kernels(void) {
                            "gpu attention split+combine (chunks of 16-64 keys, 1 or more per split) vs attention_c (g=3, hd=64)",
                            "gpu attention split+combine (chunks of 16-64 keys, 1 or more per split) vs attention_c (g=8, hd=128)",
                            "gpu attention split+combine (chunks of 16-32 keys, 1 or more per split), sigmoid gate vs attention_c (g=6, hd=256)",
-                           "gpu silu_mul_quant_kernel vs silu_c * u + quantize_block_c"};
+                           "gpu silu_mul_quant_kernel vs silu_c * u + quantize_block_c",
+                           "gpu rope_angles + attention with RoPE + KV store folded in vs rope_neox_c + attention_c (g=3, hd=64)",
+                           "gpu attention with q/k norm, RoPE + KV store folded in vs rmsnorm_c + rope_neox_c + attention_c (g=8, hd=128)",
+                           "gpu attention with q/k norm, partial RoPE (64 of 256) + KV store folded in, sigmoid gate vs C (g=6, hd=256)"};
     if (SKIP_ALL_WITHOUT_GPU(names)) return;
     // rmsnorm + quantize
     {
@@ -1784,7 +1787,7 @@ static void test_gpu_small_kernels(void) {
             int pos = positions[pi % 6], splits = pi < 6 ? n_split : 2;
             attention_c(ref, q, fk, fv, att, n_head, n_kv, hd, pos);
             CUDA_CHECK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
-            attention(dq, dk, dv, po, pml, kv_done, &o, gated ? dgate : NULL, 2 * hd, dpos, n_head, n_kv, hd, splits, 0);
+            attention(dq, dk, dv, NULL, po, pml, kv_done, &o, gated ? dgate : NULL, 2 * hd, dpos, n_head, n_kv, hd, splits, 0);
             if (gated)
                 for (int i = 0; i < n_head * hd; i++) ref[i] *= sigmoid_c(gate[(size_t)(i / hd) * 2 * hd + hd + i % hd]);
             CUDA_CHECK(cudaMemcpy(out, o.f, n_head * hd * 4, cudaMemcpyDeviceToHost));
@@ -1797,6 +1800,69 @@ static void test_gpu_small_kernels(void) {
         CUDA_CHECK(cudaMemcpy(counters, kv_done, n_kv * 4, cudaMemcpyDeviceToHost));
         same &= counters[0] == 0 && (n_kv < 2 || counters[1] == 0); // reset for the next token
         report(e <= 1e-4 && same, names[4 + ci], e, 1e-4);
+
+        // The same attention with this token's RoPE (after the per-head norm for ci >= 1) and KV store
+        // folded in: raw q (qwen35: [q | gate] per head), raw k and v. The C side: rmsnorm_c and
+        // rope_neox_c, the cache row *pos as the kernel wrote it (compared with the C values rounded
+        // to fp16, as the RoPE kernel's test does), then attention_c.
+        {
+            int stride = gated ? 2 * hd : hd, n_rot = gated ? hd / 4 : hd, use_norm = ci >= 1;
+            float *qsrc = (float *)xmalloc((size_t)n_head * stride * 4), *qr = (float *)xmalloc(n_head * hd * 4);
+            float *k = (float *)xmalloc(n_kv * hd * 4), *v = (float *)xmalloc(n_kv * hd * 4);
+            float *kr = (float *)xmalloc(n_kv * hd * 4), *qn = (float *)xmalloc(hd * 4), *kn = (float *)xmalloc(hd * 4);
+            for (int i = 0; i < hd; i++) { qn[i] = 1 + nrand() * 0.2f; kn[i] = 1 + nrand() * 0.2f; }
+            for (int i = 0; i < n_head * stride; i++) qsrc[i] = gated && i % stride >= hd ? gate[i] : nrand() * 2;
+            float *dqs = (float *)dcopy(qsrc, (size_t)n_head * stride * 4), *dqn = (float *)dcopy(qn, hd * 4);
+            float *dkn = (float *)dcopy(kn, hd * 4), *dkr, *dvr;
+            float2 *dcs;
+            CUDA_CHECK(cudaMalloc(&dkr, n_kv * hd * 4));
+            CUDA_CHECK(cudaMalloc(&dvr, n_kv * hd * 4));
+            CUDA_CHECK(cudaMalloc(&dcs, hd / 2 * 8));
+            AttNew cur = {dqs, stride, dkr, dvr, use_norm ? dqn : NULL, use_norm ? dkn : NULL, n_rot, dcs, 1e-6f};
+            double ea = 0, ec = 0;
+            int samef = 1;
+            __half *row = (__half *)xmalloc(n_kv * hd * 2 * 2);
+            for (int pi = 0; pi < 12; pi++) {
+                int pos = positions[pi % 6], splits = pi < 6 ? n_split : 2;
+                for (int i = 0; i < n_head * hd; i++) qr[i] = qsrc[(size_t)(i / hd) * stride + i % hd];
+                for (int i = 0; i < n_kv * hd; i++) { k[i] = kr[i] = nrand(); v[i] = nrand(); }
+                if (use_norm) {
+                    for (int h = 0; h < n_head; h++) rmsnorm_c(qr + h * hd, qr + h * hd, qn, hd, 1e-6f);
+                    for (int h = 0; h < n_kv; h++) rmsnorm_c(kr + h * hd, kr + h * hd, kn, hd, 1e-6f);
+                }
+                rope_neox_c(qr, n_head, hd, n_rot, pos, 1e6f, 1.0f);
+                rope_neox_c(kr, n_kv, hd, n_rot, pos, 1e6f, 1.0f);
+                CUDA_CHECK(cudaMemcpy(dkr, k, n_kv * hd * 4, cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy(dvr, v, n_kv * hd * 4, cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
+                rope_angles_kernel<<<1, 256>>>(dcs, dpos, n_rot, 1e6f, 1.0f);
+                attention(NULL, dk, dv, &cur, po, pml, kv_done, &o, gated ? dqs + hd : NULL, stride, dpos, n_head, n_kv,
+                          hd, splits, 0);
+                KERNEL_CHECK();
+                size_t r0 = (size_t)pos * n_kv * hd;
+                CUDA_CHECK(cudaMemcpy(row, dk + r0, n_kv * hd * 2, cudaMemcpyDeviceToHost));
+                CUDA_CHECK(cudaMemcpy(row + n_kv * hd, dv + r0, n_kv * hd * 2, cudaMemcpyDeviceToHost));
+                for (int i = 0; i < n_kv * hd; i++) { // the cache row vs the C values rounded to fp16
+                    float gk = __half2float(row[i]), gv = __half2float(row[n_kv * hd + i]);
+                    ec = fmax(ec, fabs(gk - __half2float(__float2half(kr[i]))) / (fabs(kr[i]) + 1e-2) / 10);
+                    ec = fmax(ec, fabs(gv - __half2float(__float2half(v[i]))) / (fabs(v[i]) + 1e-2) / 10);
+                    fk[r0 + i] = gk; // the C attention reads the row the kernel wrote
+                    fv[r0 + i] = gv;
+                }
+                attention_c(ref, qr, fk, fv, att, n_head, n_kv, hd, pos);
+                if (gated)
+                    for (int i = 0; i < n_head * hd; i++) ref[i] *= sigmoid_c(gate[(size_t)(i / hd) * 2 * hd + hd + i % hd]);
+                CUDA_CHECK(cudaMemcpy(out, o.f, n_head * hd * 4, cudaMemcpyDeviceToHost));
+                for (int i = 0; i < n_head * hd; i++) ea = fmax(ea, fabs(out[i] - ref[i]));
+                HostXQ gq = download_xq(o.q, n_head * hd), wq = quantize_host(out, n_head * hd);
+                samef &= same_xq(&gq, &wq);
+                free_hxq(&gq); free_hxq(&wq);
+            }
+            // output: |d| as above; the cache rows: an off-by-one fp16 rounding shows as 4.9e-5
+            report(ea <= 1e-4 && ec <= 1e-4 && samef, names[8 + ci], fmax(ea, ec), 1e-4);
+            cudaFree(dqs); cudaFree(dqn); cudaFree(dkn); cudaFree(dkr); cudaFree(dvr); cudaFree(dcs);
+            free(qsrc); free(qr); free(k); free(v); free(kr); free(qn); free(kn); free(row);
+        }
         free_hxq(&hz); free_xq(o.q); cudaFree(o.f); cudaFree(kv_done); cudaFree(dgate - hd); free(gate);
         cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(po); cudaFree(pml); cudaFree(dpos);
         free(hk); free(hv); free(fk); free(fv); free(q); free(out); free(ref);
