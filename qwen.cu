@@ -1209,14 +1209,21 @@ static void rmsnorm_c(float *out, const float *x, const float *w, int n, float e
     for (int i = 0; i < n; i++) out[i] = x[i] * scale * w[i];
 }
 
+// (cos, sin) of the RoPE angle theta_i = pos * freq_scale * base^(-2i/n_rot), in double; the one
+// formula of the C path, the prompt's RoPE kernel and the per-token angles of the decode.
+__host__ __device__ static inline float2 rope_angle(int pos, int i, int n_rot, float base, float freq_scale) {
+    double theta = (double)pos * freq_scale * pow((double)base, -2.0 * i / n_rot);
+    return make_float2((float)cos(theta), (float)sin(theta));
+}
+
 // NEOX-style RoPE on each of n_heads heads: for i < n_rot/2 the pair (x[i], x[i + n_rot/2]) is
-// rotated by theta_i = pos * freq_scale * base^(-2i/n_rot); dims >= n_rot are left alone.
+// rotated by theta_i (rope_angle); dims >= n_rot are left alone.
 static void rope_neox_c(float *v /* (n_heads, head_dim) */, int n_heads, int head_dim, int n_rot, int pos,
                         float base, float freq_scale) {
     int half = n_rot / 2;
     for (int i = 0; i < half; i++) {
-        double theta = (double)pos * freq_scale * pow((double)base, -2.0 * i / n_rot);
-        float cs = (float)cos(theta), sn = (float)sin(theta);
+        float2 a = rope_angle(pos, i, n_rot, base, freq_scale);
+        float cs = a.x, sn = a.y;
         for (int h = 0; h < n_heads; h++) {
             float *p = v + (size_t)h * head_dim;
             float x0 = p[i], x1 = p[i + half];
@@ -2514,9 +2521,8 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
     for (int i = threadIdx.x; i < hd; i += blockDim.x) {
         float y;
         if (i < n_rot) {
-            int j = i < half_rot ? i : i - half_rot;
-            double theta = (double)pos * freq_scale * pow((double)base, -2.0 * j / n_rot);
-            float cs = (float)cos(theta), sn = (float)sin(theta);
+            float2 a = rope_angle(pos, i < half_rot ? i : i - half_rot, n_rot, base, freq_scale);
+            float cs = a.x, sn = a.y;
             y = i < half_rot ? buf[i] * cs - buf[i + half_rot] * sn : buf[i - half_rot] * sn + buf[i] * cs;
         } else {
             y = buf[i];
@@ -2587,15 +2593,11 @@ typedef struct {
 } AttNew;
 
 // This token's RoPE angles, computed once per token for all attention layers (they share the
-// position and the frequencies), in double as rope_neox_c:
-//   cs[i] = (cos, sin)(theta_i),  theta_i = pos * freq_scale * base^(-2i / n_rot),  i < n_rot / 2.
-// One block of at least n_rot / 2 threads.
+// position and the frequencies): cs[i] = rope_angle(pos, i), i < n_rot / 2. One block of at least
+// n_rot / 2 threads.
 __global__ void rope_angles_kernel(float2 *cs, const int *pos_p, int n_rot, float base, float freq_scale) {
     int i = threadIdx.x;
-    if (i < n_rot / 2) {
-        double theta = (double)*pos_p * freq_scale * pow((double)base, -2.0 * i / n_rot);
-        cs[i] = make_float2((float)cos(theta), (float)sin(theta));
-    }
+    if (i < n_rot / 2) cs[i] = rope_angle(*pos_p, i, n_rot, base, freq_scale);
 }
 // Shortest chunk: short contexts are cut into shorter chunks, so that their keys spread over all
 // n_split splits (more blocks, each with less work: at 128 keys 9 splits of 16 instead of 2 of 64).
@@ -3213,6 +3215,14 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
     KERNEL_CHECK();
 }
 
+// The attention kernel for a head dim: those of the Qwen models compiled as constants, any other
+// (tiny test models) at run time.
+typedef void (*AttKernel)(const float *, __half *, __half *, AttNew, float *, float *, int *, Act, const float *, int,
+                          const int *, int, int, int, int, int);
+static AttKernel att_kernel(int hd) {
+    return hd == 128 ? attention_split_kernel<128> : hd == 256 ? attention_split_kernel<256> : attention_split_kernel<0>;
+}
+
 // Attention of the token at *pos over one layer's cache: partial softmax states per split, merged
 // into out (fp32 and quantized). n_split = att_splits(n_ctx, hd): the grid's splits per kv head
 // (those past *pos return at once) and the slots of part_o / part_ml. cur: this token's raw q, k, v
@@ -3224,14 +3234,11 @@ static void attention(const float *q, __half *kc, __half *vc, const AttNew *cur,
     int chunk = att_chunk(hd), g = n_head / n_kv;
     size_t smem = att_smem(g, hd, chunk);
     if (n_split < 1 || n_split > WARP) die("attention: %d splits per kv head (1..%d)", n_split, WARP);
-    // the head dims of the Qwen models compiled as constants, any other (tiny test models) at run time
-    void (*kern)(const float *, __half *, __half *, AttNew, float *, float *, int *, Act, const float *, int,
-                 const int *, int, int, int, int, int) =
-        hd == 128 ? attention_split_kernel<128> : hd == 256 ? attention_split_kernel<256> : attention_split_kernel<0>;
     AttNew none;
     memset(&none, 0, sizeof none);
-    kern<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, cur ? *cur : none, part_o, part_ml, kv_done, *out,
-                                                         gate, gate_stride, pos, n_head, n_kv, hd, n_split, chunk);
+    att_kernel(hd)<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, cur ? *cur : none, part_o, part_ml,
+                                                                   kv_done, *out, gate, gate_stride, pos, n_head, n_kv,
+                                                                   hd, n_split, chunk);
     KERNEL_CHECK();
 }
 
@@ -3247,11 +3254,8 @@ static void attention_setup(int n_head, int n_kv, int hd) {
     if (smem > (size_t)optin)
         die("attention needs %zu bytes of shared memory per block (%d query heads per kv head of dim %d); this GPU "
             "allows %d", smem, n_head / n_kv, hd, optin);
-    if (smem > 48 * 1024) {
-        CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    }
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(att_kernel(hd), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
 
 // ------------------------------------------------------------------------------------------------

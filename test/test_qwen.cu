@@ -1665,6 +1665,26 @@ static void test_gpu_qkv_batch(void) {
     free_hxq(&hq); free_xq(in.q);
 }
 
+// The C side of a token's RoPE: optional RMSNorm per head (weights qn / kn, or NULL), then
+// rope_neox_c, on n_head q heads and n_kv k heads in place (base 1e6, the tests' value).
+static void rope_ref_c(float *qr, int n_head, float *kr, int n_kv, int hd, int n_rot, int pos, const float *qn,
+                       const float *kn) {
+    if (qn) for (int h = 0; h < n_head; h++) rmsnorm_c(qr + h * hd, qr + h * hd, qn, hd, 1e-6f);
+    if (kn) for (int h = 0; h < n_kv; h++) rmsnorm_c(kr + h * hd, kr + h * hd, kn, hd, 1e-6f);
+    rope_neox_c(qr, n_head, hd, n_rot, pos, 1e6f, 1.0f);
+    rope_neox_c(kr, n_kv, hd, n_rot, pos, 1e6f, 1.0f);
+}
+// Error of the fp16 cache rows hk, hv (n values each) against the C values k, v rounded to fp16:
+// relative to |value| + 1e-2 and divided by 10, so an off-by-one rounding (2^-11) shows as 4.9e-5.
+static double kv_row_err(const __half *hk, const __half *hv, const float *k, const float *v, int n) {
+    double e = 0;
+    for (int i = 0; i < n; i++) {
+        e = fmax(e, fabs(__half2float(hk[i]) - __half2float(__float2half(k[i]))) / (fabs(k[i]) + 1e-2) / 10);
+        e = fmax(e, fabs(__half2float(hv[i]) - __half2float(__float2half(v[i]))) / (fabs(v[i]) + 1e-2) / 10);
+    }
+    return e;
+}
+
 static void test_gpu_small_kernels(void) {
     const char *names[] = {"gpu rmsnorm_quant_kernel vs rmsnorm_c + quantize_block_c",
                            "gpu rope_and_kv_store (full rotation) vs rope_neox_c: q, k",
@@ -1719,12 +1739,7 @@ static void test_gpu_small_kernels(void) {
             int pos = positions[pi];
             for (int i = 0; i < n_head * hd; i++) q[i] = qr[i] = nrand();
             for (int i = 0; i < n_kv * hd; i++) { k[i] = kr[i] = nrand(); v[i] = nrand(); }
-            if (use_norm) {
-                for (int h = 0; h < n_head; h++) rmsnorm_c(qr + h * hd, qr + h * hd, qn, hd, 1e-6f);
-                for (int h = 0; h < n_kv; h++) rmsnorm_c(kr + h * hd, kr + h * hd, kn, hd, 1e-6f);
-            }
-            rope_neox_c(qr, n_head, hd, n_rot, pos, 1e6f, 1.0f);
-            rope_neox_c(kr, n_kv, hd, n_rot, pos, 1e6f, 1.0f);
+            rope_ref_c(qr, n_head, kr, n_kv, hd, n_rot, pos, use_norm ? qn : NULL, use_norm ? kn : NULL);
             CUDA_CHECK(cudaMemcpy(dq, q, sizeof q, cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(dk, k, sizeof k, cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemcpy(dv, v, sizeof v, cudaMemcpyHostToDevice));
@@ -1738,10 +1753,7 @@ static void test_gpu_small_kernels(void) {
             CUDA_CHECK(cudaMemcpy(hk, kc + (size_t)pos * n_kv * hd, sizeof hk, cudaMemcpyDeviceToHost));
             CUDA_CHECK(cudaMemcpy(hv, vc + (size_t)pos * n_kv * hd, sizeof hv, cudaMemcpyDeviceToHost));
             for (int i = 0; i < n_head * hd; i++) e = fmax(e, fabs(q[i] - qr[i]) / (fabs(qr[i]) + 1e-2));
-            for (int i = 0; i < n_kv * hd; i++) { // the cache holds fp16: compare with the C value rounded to fp16
-                e = fmax(e, fabs(__half2float(hk[i]) - __half2float(__float2half(kr[i]))) / (fabs(kr[i]) + 1e-2) / 10);
-                e = fmax(e, fabs(__half2float(hv[i]) - __half2float(__float2half(v[i]))) / (fabs(v[i]) + 1e-2) / 10);
-            }
+            e = fmax(e, kv_row_err(hk, hv, kr, v, n_kv * hd)); // the cache holds fp16
         }
         // q: fp32 vs fp32; k, v: the fp16 cache vs the C values rounded to fp16, where an off-by-one
         // rounding (2^-11 relative) shows as 4.9e-5 after the /10
@@ -1826,12 +1838,7 @@ static void test_gpu_small_kernels(void) {
                 int pos = positions[pi % 6], splits = pi < 6 ? n_split : 2;
                 for (int i = 0; i < n_head * hd; i++) qr[i] = qsrc[(size_t)(i / hd) * stride + i % hd];
                 for (int i = 0; i < n_kv * hd; i++) { k[i] = kr[i] = nrand(); v[i] = nrand(); }
-                if (use_norm) {
-                    for (int h = 0; h < n_head; h++) rmsnorm_c(qr + h * hd, qr + h * hd, qn, hd, 1e-6f);
-                    for (int h = 0; h < n_kv; h++) rmsnorm_c(kr + h * hd, kr + h * hd, kn, hd, 1e-6f);
-                }
-                rope_neox_c(qr, n_head, hd, n_rot, pos, 1e6f, 1.0f);
-                rope_neox_c(kr, n_kv, hd, n_rot, pos, 1e6f, 1.0f);
+                rope_ref_c(qr, n_head, kr, n_kv, hd, n_rot, pos, use_norm ? qn : NULL, use_norm ? kn : NULL);
                 CUDA_CHECK(cudaMemcpy(dkr, k, n_kv * hd * 4, cudaMemcpyHostToDevice));
                 CUDA_CHECK(cudaMemcpy(dvr, v, n_kv * hd * 4, cudaMemcpyHostToDevice));
                 CUDA_CHECK(cudaMemcpy(dpos, &pos, 4, cudaMemcpyHostToDevice));
@@ -1842,12 +1849,10 @@ static void test_gpu_small_kernels(void) {
                 size_t r0 = (size_t)pos * n_kv * hd;
                 CUDA_CHECK(cudaMemcpy(row, dk + r0, n_kv * hd * 2, cudaMemcpyDeviceToHost));
                 CUDA_CHECK(cudaMemcpy(row + n_kv * hd, dv + r0, n_kv * hd * 2, cudaMemcpyDeviceToHost));
-                for (int i = 0; i < n_kv * hd; i++) { // the cache row vs the C values rounded to fp16
-                    float gk = __half2float(row[i]), gv = __half2float(row[n_kv * hd + i]);
-                    ec = fmax(ec, fabs(gk - __half2float(__float2half(kr[i]))) / (fabs(kr[i]) + 1e-2) / 10);
-                    ec = fmax(ec, fabs(gv - __half2float(__float2half(v[i]))) / (fabs(v[i]) + 1e-2) / 10);
-                    fk[r0 + i] = gk; // the C attention reads the row the kernel wrote
-                    fv[r0 + i] = gv;
+                ec = fmax(ec, kv_row_err(row, row + n_kv * hd, kr, v, n_kv * hd)); // the cache row vs C in fp16
+                for (int i = 0; i < n_kv * hd; i++) { // the C attention reads the row the kernel wrote
+                    fk[r0 + i] = __half2float(row[i]);
+                    fv[r0 + i] = __half2float(row[n_kv * hd + i]);
                 }
                 attention_c(ref, qr, fk, fv, att, n_head, n_kv, hd, pos);
                 if (gated)
