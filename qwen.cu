@@ -1702,7 +1702,8 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 //   Q4_0        d plane  (NB x fp16)
 //   IQ4_XS      qs plane instead: word k holds 4-bit codes (iq4_code), lowest bits first, of elements
 //               4k..4k+3 then 16+4k..16+4k+3 (the order iq4_lookup8 decodes them in);
-//               hdr plane (NB/8 x 8 B):  d, scales_h, scales_l[4] of the super-block
+//               hdr plane (NB/8 x 8 B):  d (fp16) in bits 0-15, then the 6-bit scale ls of sub-block i
+//               in bits 16+6i .. 21+6i (the file splits it in scales_l and scales_h; iq4_plane_ls)
 //   Q5_K        qh plane (NB x 4 B): bit e = 5th bit of element e;  hdr plane (NB/8 x 16 B): d, dmin, scales[12]
 //   Q6_K        qh plane (NB x 8 B): word w (w = 0: elements 0..15, 1: 16..31), byte b, bits 2m..2m+1 =
 //               high 2 bits of element 16w + 4m + b;  sc plane (NB/8 x 16 int8);  d plane (NB/8 x fp16)
@@ -1720,6 +1721,12 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 __host__ __device__ static inline int iq4_code(int idx) {
     int j = (idx & 3) | ((idx >> 3) << 2), in_b = (idx >> 2) & 1;
     return j | ((1 - in_b) << 3);
+}
+
+// The 6-bit scale of sub-block `sub` from the two words (lo, hi) of its IQ4_XS header plane entry:
+// one 64-bit shift and a mask (the shift is the same for every unit a lane sees).
+__host__ __device__ static inline int iq4_plane_ls(uint32_t lo, uint32_t hi, int sub) {
+    return (int)(((uint64_t)hi << 32 | lo) >> (16 + 6 * sub)) & 63;
 }
 
 static int is_fast_type(int t) {
@@ -1752,9 +1759,12 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src, uint8
                 q[4 * (i / 4) + 2 * (e / 16) + p / 2] |= (uint8_t)(iq4_code(idx) << (4 * (p % 2)));
             }
         }
-        memcpy(dst + 16 * NB + 8 * blk, &b->d, 2);
-        memcpy(dst + 16 * NB + 8 * blk + 2, &b->scales_h, 2);
-        memcpy(dst + 16 * NB + 8 * blk + 4, b->scales_l, 4);
+        uint64_t hdr = b->d;
+        for (int i = 0; i < 8; i++) {
+            uint64_t ls = ((b->scales_l[i / 2] >> (4 * (i % 2))) & 0xf) | (((b->scales_h >> (2 * i)) & 3) << 4);
+            hdr |= ls << (16 + 6 * i);
+        }
+        memcpy(dst + 16 * NB + 8 * blk, &hdr, 8); // little-endian, host and GPU alike
     } else if (type == GGML_TYPE_Q5_K) {
         const block_q5_K *b = (const block_q5_K *)src;
         for (int sub = 0; sub < 8; sub++) {
@@ -1816,6 +1826,11 @@ typedef struct {
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 
+// GPU-scope release/acquire fence (PTX fence.acq_rel.gpu, sm_70+). The mat-vecs' counters need no
+// more: a writer's stores, this fence, then its atomicAdd; a reader's atomicAdd that sees the count,
+// this fence, then its loads. __threadfence() is the sequentially consistent fence.sc.gpu.
+__device__ __forceinline__ void fence_acq_rel(void) { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
 // sum over 16 elements of q[e] * X[e], q as 4 words of int8, X as its chunks H and L (X = 256*H + L)
 __device__ __forceinline__ int dot16(const int q[4], const int4 &H, const int4 &L) {
     const int *h = (const int *)&H, *l = (const int *)&L;
@@ -1827,9 +1842,22 @@ __device__ __forceinline__ int dot16(const int q[4], const int4 &H, const int4 &
     }
     return 256 * ah + al;
 }
-// the whole block: elements 0..15 in lo, 16..31 in hi
+// the whole block: elements 0..15 in lo, 16..31 in hi; one chain for H and one for L over all 32
+// (|sum q*H| <= 32 * 128 * 127: no overflow in 256 * ah)
 __device__ __forceinline__ int dot_q_x(const int lo[4], const int hi[4], const XBlock &x) {
-    return dot16(lo, x.h0, x.l0) + dot16(hi, x.h1, x.l1);
+    const int *h0 = (const int *)&x.h0, *h1 = (const int *)&x.h1, *l0 = (const int *)&x.l0, *l1 = (const int *)&x.l1;
+    int ah = 0, al = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        ah = dp4a(lo[k], h0[k], ah);
+        al = dp4a(lo[k], l0[k], al);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        ah = dp4a(hi[k], h1[k], ah);
+        al = dp4a(hi[k], l1[k], al);
+    }
+    return 256 * ah + al;
 }
 
 // 8 nibbles of a 32-bit word: low nibbles and high nibbles as 4 bytes each
@@ -1874,11 +1902,11 @@ __device__ __forceinline__ unsigned short ldw(const unsigned short *p) {
     return v;
 }
 
-template <int TYPE> __device__ WSub sub_load(const uint8_t *W, size_t g, size_t NB);
+template <int TYPE> __device__ WSub sub_load(const uint8_t *W, unsigned g, size_t NB);
 template <int TYPE> __device__ float sub_dot(const WSub &w, int sub, const XBlock &x);
 
 // Q4_0: w = d * (q - 8)   ->   d * s * (sum q*X - 8 * sum X)
-template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_0>(const uint8_t *W, size_t g, size_t NB) {
+template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_0>(const uint8_t *W, unsigned g, size_t NB) {
     WSub w;
     w.q = ldw((const int4 *)W + g);
     w.e = ldw((const unsigned short *)(W + 16 * NB) + g); // d
@@ -1925,8 +1953,8 @@ __host__ __device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) {
     *hi = prmt(IQ4_A0, IQ4_A1, m >> 16) ^ prmt(IQ4_X0, IQ4_X1, w >> 16);
 }
 
-// IQ4_XS: w = d * (ls - 32) * kvalues[q];  h.x = d | scales_h << 16, h.y = scales_l[4]
-template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, size_t g, size_t NB) {
+// IQ4_XS: w = d * (ls - 32) * kvalues[q];  h.x, h.y = the super-block's header entry (d, 8 scales)
+template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, unsigned g, size_t NB) {
     WSub w;
     w.q = ldw((const int4 *)W + g);
     int2 hdr = ldw((const int2 *)(W + 16 * NB) + g / 8);
@@ -1935,7 +1963,7 @@ template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_XS>(const uin
     return w;
 }
 template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const WSub &w, int ib, const XBlock &x) {
-    int ls = ((w.h.y >> (4 * ib)) & 0xf) | (((w.h.x >> (16 + 2 * ib)) & 3) << 4);
+    int ls = iq4_plane_ls((uint32_t)w.h.x, (uint32_t)w.h.y, ib);
     float d = __half2float(__ushort_as_half((unsigned short)(w.h.x & 0xffff)));
     const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
@@ -1958,7 +1986,7 @@ __device__ __forceinline__ void k_scale_min_words(int sub, uint32_t s0, uint32_t
     *sc = sub < 4 ? b0 & 63 : (b2 & 0xf) | ((b0 >> 6) << 4);
     *m = sub < 4 ? b1 & 63 : (b2 >> 4) | ((b1 >> 6) << 4);
 }
-template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_K>(const uint8_t *W, size_t g, size_t NB) {
+template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_K>(const uint8_t *W, unsigned g, size_t NB) {
     WSub w;
     w.q = ldw((const int4 *)W + g);
     w.e = ldw((const int *)(W + 16 * NB) + g);
@@ -1982,7 +2010,7 @@ template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub 
 
 // Q6_K: w = d * sc * (q6 - 32), one int8 scale per 16 weights
 // h.x, h.y = the high 2 bits (qh plane), h.z = the two int8 scales of this sub-block, h.w = d
-template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q6_K>(const uint8_t *W, size_t g, size_t NB) {
+template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q6_K>(const uint8_t *W, unsigned g, size_t NB) {
     WSub w;
     w.q = ldw((const int4 *)W + g);
     int2 qh = ldw((const int2 *)(W + 16 * NB) + g);
@@ -2077,12 +2105,12 @@ __device__ void mv_count_flush(const MvPlan &p, MvCount &cnt) {
     if (cnt.n == 0) return;
     int lane = threadIdx.x % WARP, last = 0;
     if (lane == 0) {
-        __threadfence(); // the rows this lane wrote, visible before they are counted
+        fence_acq_rel(); // the rows this lane wrote, visible before they are counted
         last = atomicAdd(&p.group_done[cnt.b], cnt.n) + cnt.n == 2 * WARP;
     }
     last = __shfl_sync(0xffffffffu, last, 0);
     if (last) {
-        __threadfence();
+        fence_acq_rel();
         int i = WARP * cnt.b + lane;
         float g = __ldcg(&p.y[0][i]), u = __ldcg(&p.y[1][i]); // from L2: other warps wrote them
         float hv = g / (1.0f + __expf(-g)) * u;
@@ -2125,12 +2153,12 @@ __device__ __forceinline__ void mv_rows_part(const MvPlan &p, int m, int grp, in
         int slot = U0 < warp * p.upw ? 0 : 1;
 #pragma unroll
         for (int r = 0; r < R; r++) d_mv_part[warp][slot][r] = v[r];
-        __threadfence();
+        fence_acq_rel();
         last = atomicAdd(&d_mv_flag[w1 + 1], 1) == w2 - w1;
     }
     last = __shfl_sync(0xffffffffu, last, 0);
     if (!last) return;
-    __threadfence();
+    fence_acq_rel();
     float t[R];
 #pragma unroll
     for (int r = 0; r < R; r++) t[r] = 0.0f;
@@ -2158,7 +2186,7 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 #pragma unroll
         for (int r = 0; r < R; r++) {
             acc[r] = 0.0f;
-            if (u < n_sub) w[r] = sub_load<TYPE>(W, (size_t)min(grp * R + r, last_row) * n_sub + u, NB);
+            if (u < n_sub) w[r] = sub_load<TYPE>(W, (unsigned)min(grp * R + r, last_row) * n_sub + u, NB);
         }
     }
     for (int c = c0; c < c1; c++) {
@@ -2170,11 +2198,11 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 #pragma unroll
             for (int r = 0; r < R; r++) { // multiply row r, then refill its registers with the next unit
                 acc[r] += sub_dot<TYPE>(w[r], u % 8, x);
-                if (more) w[r] = sub_load<TYPE>(W, (size_t)min(ng * R + r, last_row) * n_sub + un, NB);
+                if (more) w[r] = sub_load<TYPE>(W, (unsigned)min(ng * R + r, last_row) * n_sub + un, NB);
             }
         } else if (more) {
 #pragma unroll
-            for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (size_t)min(ng * R + r, last_row) * n_sub + un, NB);
+            for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (unsigned)min(ng * R + r, last_row) * n_sub + un, NB);
         }
         if (nk == 0) { // the group's last chunk
 #pragma unroll
@@ -2297,7 +2325,7 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
         // all R rows' loads first (rows past the end read the last row and are not written)
         WSub w[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (size_t)min(row0 + r, n_out - 1) * n_sub + u, NB);
+        for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (unsigned)min(row0 + r, n_out - 1) * n_sub + u, NB);
         XBlock xb = load_xblock(xq, u, n_sub);
         if (LOADS_FIRST) __syncwarp();
         if (!LOADS_FIRST || u0 + lane < n_sub) {
@@ -2393,7 +2421,7 @@ ffn_gate_up_silu_kernel(const uint8_t *Wg, const uint8_t *Wu, // planes, (n_ff r
         WSub wg[R], wu[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            size_t g = (size_t)(row0 + r) * n_sub + u;
+            unsigned g = (unsigned)(row0 + r) * n_sub + u;
             wg[r] = sub_load<TYPE>(Wg, g, NB);
             wu[r] = sub_load<TYPE>(Wu, g, NB);
         }
@@ -2415,14 +2443,14 @@ ffn_gate_up_silu_kernel(const uint8_t *Wg, const uint8_t *Wu, // planes, (n_ff r
         float gv = 0.0f, uv = 0.0f;
         for (int w = 0; w < nw; w++) { gv += part[w][r]; uv += part[w][R + r]; }
         h.f[row0 + r] = gv / (1.0f + __expf(-gv)) * uv;
-        __threadfence(); // h visible to the block that quantizes the group
+        fence_acq_rel(); // h visible to the block that quantizes the group
     }
     __syncthreads();
     int group = row0 / 32;
     if (threadIdx.x == 0) last = atomicAdd(&group_done[group], 1) == 32 / R - 1;
     __syncthreads();
     if (last && wid == 0) {
-        __threadfence();
+        fence_acq_rel();
         float v = __ldcg(&h.f[group * 32 + lane]); // from L2: other blocks wrote it
         quantize_block_warp(v, h.q, group, n_ff / 32);
         if (lane == 0) group_done[group] = 0;
@@ -3365,7 +3393,7 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_0>(const WRaw 
     }
 }
 
-// IQ4_XS: e.x = d | scales_h << 16, e.y = scales_l[4], e.z = the sub-block (0..7)
+// IQ4_XS: e.x, e.y = the super-block's header entry (d, 8 scales), e.z = the sub-block (0..7)
 template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
     size_t g = (size_t)row * (n_in / 32) + u;
     uint2 hdr = __ldg((const uint2 *)(W + 16 * NB) + g / 8); // the super-block's 8 header bytes at once
@@ -3376,7 +3404,7 @@ template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_IQ4_XS>(const WRaw &r, __half *out) {
     int sub = (int)r.e.z;
-    int ls = ((r.e.y >> (4 * sub)) & 0xf) | (((r.e.x >> (16 + 2 * sub)) & 3) << 4);
+    int ls = iq4_plane_ls(r.e.x, r.e.y, sub);
     __half2 dl = __float2half2_rn(h2f((uint16_t)r.e.x) * (float)(ls - 32)), off = __float2half2_rn(1024.0f + 128.0f);
     const int *qw = (const int *)&r.q;
 #pragma unroll
@@ -4337,6 +4365,8 @@ static void upload_weights(Model *m, GpuState *s) {
         size_t tsz = TYPE_TRAITS[t->type].type_size;
         size_t step = repack ? chunk / tsz * tsz : chunk; // whole file blocks per chunk when repacking
         size_t NB = (size_t)(t->n_in / 32) * t->n_out;    // 32-weight sub-blocks in the tensor
+        if (repack && NB > UINT32_MAX) // the fast mat-vecs index sub-blocks in 32 bits
+            die("tensor %s: %zu sub-blocks of 32 weights, more than the fast mat-vecs address (2^32)", t->name, NB);
         for (size_t done_b = 0; done_b < t->nbytes; done_b += step) {
             size_t nb = t->nbytes - done_b < step ? t->nbytes - done_b : step;
             CUDA_CHECK(cudaEventSynchronize(done[half])); // this half's previous copy has finished

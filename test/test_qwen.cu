@@ -338,16 +338,18 @@ static void test_iq4_planes(void) {
     dequant_row(GGML_TYPE_IQ4_XS, (const uint8_t *)&b, want, 256);
     uint8_t planes[8 * 16 + 8];
     repack_c(GGML_TYPE_IQ4_XS, (const uint8_t *)&b, planes, 1, 8);
-    bad = 0;
+    uint32_t hdr[2];
+    memcpy(hdr, planes + 8 * 16, 8); // the header plane entry: d, then the 8 scales
+    bad = (hdr[0] & 0xffff) != b.d;
     for (int sub = 0; sub < 8; sub++) {
-        int ls = ((b.scales_l[sub / 2] >> (4 * (sub % 2))) & 0xf) | (((b.scales_h >> (2 * sub)) & 3) << 4);
+        int ls = iq4_plane_ls(hdr[0], hdr[1], sub);
         for (int k = 0; k < 4; k++) {
             int w, lo, hi;
             memcpy(&w, planes + 16 * sub + 4 * k, 4);
             iq4_lookup8(w, &lo, &hi);
             for (int p = 0; p < 8; p++) {
                 int e = p < 4 ? 4 * k + p : 16 + 4 * k + p - 4;
-                float v = (float)(ls - 32) * (int8_t)((p < 4 ? lo : hi) >> (8 * (p % 4)));
+                float v = (float)(ls - 32) * (int8_t)((p < 4 ? lo : hi) >> (8 * (p % 4))); // d = 1
                 bad += v != want[32 * sub + e];
             }
         }
