@@ -634,6 +634,10 @@ typedef struct { uint16_t d; uint8_t qs[16]; } block_iq4_nl;
 //   | d | scales_h (u16) | scales_l[4] | qs[128]: sub-block ib uses qs[16ib..16ib+15] as in IQ4_NL |
 //   w[32ib + j] = d * (ls(ib) - 32) * kvalues[q]
 typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } block_iq4_xs;
+// ls(ib), the 6-bit scale of sub-block ib (0..7)
+__host__ __device__ static inline int iq4_xs_ls(const block_iq4_xs *b, int ib) {
+    return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+}
 // Q4_K: 256 weights = 8 sub-blocks of 32, each with a 6-bit scale and a 6-bit min packed in
 // scales[12] (see k_scale_min), super-block scales d and dmin.
 //   | d | dmin | scales[12] | qs[128]: bytes 32c..32c+31 hold sub-block 2c (low) and 2c+1 (high) |
@@ -725,7 +729,7 @@ static float f16r(float v) { return __half2float(__float2half(v)); }
 static void dequant_iq4_xs(const block_iq4_xs *b, float *y, int f16_scales) {
     float d = fp16_to_f32(b->d);
     for (int ib = 0; ib < 8; ib++) {
-        int ls = ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+        int ls = iq4_xs_ls(b, ib);
         float dl = d * (ls - 32);
         if (f16_scales) dl = f16r(dl);
         const uint8_t *q = b->qs + 16 * ib;
@@ -1557,7 +1561,7 @@ template <> __device__ void dq32<GGML_TYPE_IQ4_NL>(const uint8_t *row, int u, fl
 template <> __device__ void dq32<GGML_TYPE_IQ4_XS>(const uint8_t *row, int u, float *w, int) {
     const block_iq4_xs *b = (const block_iq4_xs *)row + u / 8;
     int ib = u % 8;
-    int ls = ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+    int ls = iq4_xs_ls(b, ib);
     float dl = h2f(b->d) * (ls - 32);
     const uint8_t *q = b->qs + 16 * ib;
     for (int j = 0; j < 16; j++) { w[j] = dl * D_KVALUES_IQ4NL[q[j] & 0xf]; w[j + 16] = dl * D_KVALUES_IQ4NL[q[j] >> 4]; }
@@ -1760,10 +1764,7 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src, uint8
             }
         }
         uint64_t hdr = b->d;
-        for (int i = 0; i < 8; i++) {
-            uint64_t ls = ((b->scales_l[i / 2] >> (4 * (i % 2))) & 0xf) | (((b->scales_h >> (2 * i)) & 3) << 4);
-            hdr |= ls << (16 + 6 * i);
-        }
+        for (int i = 0; i < 8; i++) hdr |= (uint64_t)iq4_xs_ls(b, i) << (16 + 6 * i);
         memcpy(dst + 16 * NB + 8 * blk, &hdr, 8); // little-endian, host and GPU alike
     } else if (type == GGML_TYPE_Q5_K) {
         const block_q5_K *b = (const block_q5_K *)src;
@@ -1831,32 +1832,27 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c
 // this fence, then its loads. __threadfence() is the sequentially consistent fence.sc.gpu.
 __device__ __forceinline__ void fence_acq_rel(void) { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-// sum over 16 elements of q[e] * X[e], q as 4 words of int8, X as its chunks H and L (X = 256*H + L)
-__device__ __forceinline__ int dot16(const int q[4], const int4 &H, const int4 &L) {
+// ah += sum over 16 elements of q[e] * H[e], al += the same with L (q as 4 words of int8, X = 256*H + L)
+__device__ __forceinline__ void dot16_acc(const int q[4], const int4 &H, const int4 &L, int &ah, int &al) {
     const int *h = (const int *)&H, *l = (const int *)&L;
-    int ah = 0, al = 0;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         ah = dp4a(q[k], h[k], ah);
         al = dp4a(q[k], l[k], al);
     }
+}
+// sum over 16 elements of q[e] * X[e]
+__device__ __forceinline__ int dot16(const int q[4], const int4 &H, const int4 &L) {
+    int ah = 0, al = 0;
+    dot16_acc(q, H, L, ah, al);
     return 256 * ah + al;
 }
 // the whole block: elements 0..15 in lo, 16..31 in hi; one chain for H and one for L over all 32
 // (|sum q*H| <= 32 * 128 * 127: no overflow in 256 * ah)
 __device__ __forceinline__ int dot_q_x(const int lo[4], const int hi[4], const XBlock &x) {
-    const int *h0 = (const int *)&x.h0, *h1 = (const int *)&x.h1, *l0 = (const int *)&x.l0, *l1 = (const int *)&x.l1;
     int ah = 0, al = 0;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        ah = dp4a(lo[k], h0[k], ah);
-        al = dp4a(lo[k], l0[k], al);
-    }
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        ah = dp4a(hi[k], h1[k], ah);
-        al = dp4a(hi[k], l1[k], al);
-    }
+    dot16_acc(lo, x.h0, x.l0, ah, al);
+    dot16_acc(hi, x.h1, x.l1, ah, al);
     return 256 * ah + al;
 }
 
