@@ -5313,6 +5313,46 @@ static void bench_matvecs(const Model *m, GpuState *s, double copy_bw) {
     }
 }
 
+// The launches between the mat-vecs, per kind: one graph holds the kind's launches for every layer
+// (the RMSNorms: all 2 x layers + 1 of a token), replayed 5 times. What each costs inside the forward
+// graph, launch gap included: the price of a launch that a fold into a neighbour would remove.
+static void bench_small_kernels(const Model *m, GpuState *s) {
+    const Config *c = &m->c;
+    const char *kinds[] = {"rmsnorm", "gdn_conv", "gdn_step", "gdn_norm"};
+    cudaStream_t st = s->stream;
+    int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads, E = c->n_embd;
+    printf("\nthe other launches alone, each kind over all its layers in one graph (launch gaps included):\n");
+    printf("  %-12s %6s %9s\n", "kind", "calls", "us/call");
+    for (int k = 0; k < 4; k++) {
+        int calls = 0;
+        cudaGraph_t graph;
+        CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int l = 0; l < c->n_layer; l++) {
+            const LayerWeights *L = &m->w.layers[l];
+            size_t conv_dim = gdn_conv_dim(c), slot = (size_t)c->gdn_slot[l];
+            if (k == 0) {
+                rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st);
+                rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st);
+                if (l == c->n_layer - 1) rmsnorm_quant(&s->xb, s->x, DEV(m->w.output_norm), E, c->eps, st);
+                calls += 2 + (l == c->n_layer - 1);
+                continue;
+            }
+            if (c->kind[l] != LAYER_DELTANET) continue;
+            float *cs = s->conv_state + slot * 3 * conv_dim, *state = s->ssm_state + slot * Hv * S * S;
+            if (k == 1)
+                gdn_conv_norm_kernel<<<2 * Hk + Hv, S, 0, st>>>(s->gdn_mixed, DEV(L->conv1d), cs, s->gdn_beta, s->gdn_alpha,
+                                                                DEV(L->dt_bias), DEV(L->ssm_a), s->gdn_gb, Hk, Hv, c->eps);
+            else if (k == 2) gdn_step(state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st);
+            else gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z, DEV(L->ssm_norm), c->eps);
+            KERNEL_CHECK();
+            calls++;
+        }
+        CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+        if (calls == 0) { CUDA_CHECK(cudaGraphDestroy(graph)); continue; }
+        printf("  %-12s %6d %9.2f\n", kinds[k], calls, graph_ms(graph, 5, st) * 1e3 / calls);
+    }
+}
+
 // Attention alone: every attention layer's attention launch in one graph, at contexts 128 and 2048
 // (what the context adds to a token beyond its KV bytes is here).
 static void bench_attention(const Model *m, GpuState *s) {
@@ -5403,6 +5443,7 @@ static void run_bench(Model *m, int n_ctx) {
     snprintf(title, sizeof title, "one forward pass at context %d", ctxs[1]);
     prof_finish(title);
     bench_matvecs(m, &s, copy_bw);
+    bench_small_kernels(m, &s);
 
     // prefill: pp512 = a 512-token prompt from position 0, logits of its last token
     if (s.n_batch >= 512 && !decode_only) {
