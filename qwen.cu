@@ -4592,24 +4592,44 @@ static void attention_block_gpu(const Model *m, GpuState *s, int l) {
     PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
 }
 
+// DeltaNet layer l's conv state (3, conv_dim) and recurrent state (Hv, S, S) on the GPU.
+static float *gdn_conv_state(const Config *c, const GpuState *s, int l) {
+    return s->conv_state + (size_t)c->gdn_slot[l] * 3 * gdn_conv_dim(c);
+}
+static float *gdn_ssm_state(const Config *c, const GpuState *s, int l) {
+    return s->ssm_state + (size_t)c->gdn_slot[l] * c->ssm_v_heads * c->ssm_state * c->ssm_state;
+}
+
+// One token's conv (+ q/k norms and gates) and gated norm of DeltaNet layer l, on s's buffers.
+static void gdn_conv_gpu(const Model *m, GpuState *s, int l, cudaStream_t st) {
+    const Config *c = &m->c;
+    const LayerWeights *L = &m->w.layers[l];
+    int Hk = c->ssm_k_heads, Hv = c->ssm_v_heads;
+    gdn_conv_norm_kernel<<<2 * Hk + Hv, c->ssm_state, 0, st>>>(s->gdn_mixed, DEV(L->conv1d), gdn_conv_state(c, s, l),
+                                                                s->gdn_beta, s->gdn_alpha, DEV(L->dt_bias), DEV(L->ssm_a),
+                                                                s->gdn_gb, Hk, Hv, c->eps);
+    KERNEL_CHECK();
+}
+static void gdn_norm_gpu(const Model *m, GpuState *s, int l, cudaStream_t st) {
+    const Config *c = &m->c;
+    gdn_norm_gate_kernel<<<c->ssm_v_heads, c->ssm_state, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z,
+                                                                   DEV(m->w.layers[l].ssm_norm), c->eps);
+    KERNEL_CHECK();
+}
+
 static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
     cudaStream_t st = s->stream;
     int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads;
-    size_t conv_dim = gdn_conv_dim(c), slot = (size_t)c->gdn_slot[l];
     const Tensor *W[4] = {&L->wqkv, &L->wz, &L->w_beta, &L->w_alpha};
     const float *nob[4] = {NULL, NULL, NULL, NULL};
     float *y[4] = {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha};
     PROF("gdn_proj", L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes,
          matvec_batch(4, W, nob, y, &s->xb, st));
-    float *cs = s->conv_state + slot * 3 * conv_dim, *state = s->ssm_state + slot * Hv * S * S;
-    PROF("gdn_conv", 0, (gdn_conv_norm_kernel<<<2 * Hk + Hv, S, 0, st>>>(s->gdn_mixed, DEV(L->conv1d), cs, s->gdn_beta,
-                                                                       s->gdn_alpha, DEV(L->dt_bias), DEV(L->ssm_a),
-                                                                       s->gdn_gb, Hk, Hv, c->eps), KERNEL_CHECK()));
-    PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
-    PROF("gdn_norm", 0, (gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z, DEV(L->ssm_norm), c->eps),
-                         KERNEL_CHECK()));
+    PROF("gdn_conv", 0, gdn_conv_gpu(m, s, l, st));
+    PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(gdn_ssm_state(c, s, l), s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
+    PROF("gdn_norm", 0, gdn_norm_gpu(m, s, l, st));
     PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
 }
 
@@ -4790,12 +4810,11 @@ static void deltanet_batch_gpu(const Model *m, GpuState *s, int l, int T) {
     cudaStream_t st = s->stream;
     int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads, vdim = c->ssm_inner;
     int conv_dim = (int)gdn_conv_dim(c);
-    size_t slot = (size_t)c->gdn_slot[l];
     PROF("gdn_proj", L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes,
          (matmul(&L->wqkv, &s->bxh, T, s->bmixed, conv_dim, NULL, 0, s), matmul(&L->wz, &s->bxh, T, s->bz, vdim, NULL, 0, s),
           matmul(&L->w_beta, &s->bxh, T, s->bbeta, Hv, NULL, 0, s),
           matmul(&L->w_alpha, &s->bxh, T, s->balpha, Hv, NULL, 0, s)));
-    float *cs = s->conv_state + slot * 3 * conv_dim, *state = s->ssm_state + slot * Hv * S * S;
+    float *cs = gdn_conv_state(c, s, l), *state = gdn_ssm_state(c, s, l);
     size_t n_conv = (size_t)T * conv_dim;
     PROF("gdn_conv", 0, (gdn_conv_rows_kernel<<<(unsigned)((n_conv + 255) / 256), 256, 0, st>>>(
                              s->bconv, s->bmixed, DEV(L->conv1d), cs, conv_dim, T), KERNEL_CHECK(),
@@ -5320,7 +5339,7 @@ static void bench_small_kernels(const Model *m, GpuState *s) {
     const Config *c = &m->c;
     const char *kinds[] = {"rmsnorm", "gdn_conv", "gdn_step", "gdn_norm"};
     cudaStream_t st = s->stream;
-    int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads, E = c->n_embd;
+    int E = c->n_embd;
     printf("\nthe other launches alone, each kind over all its layers in one graph (launch gaps included):\n");
     printf("  %-12s %6s %9s\n", "kind", "calls", "us/call");
     for (int k = 0; k < 4; k++) {
@@ -5329,7 +5348,6 @@ static void bench_small_kernels(const Model *m, GpuState *s) {
         CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         for (int l = 0; l < c->n_layer; l++) {
             const LayerWeights *L = &m->w.layers[l];
-            size_t conv_dim = gdn_conv_dim(c), slot = (size_t)c->gdn_slot[l];
             if (k == 0) {
                 rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st);
                 rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st);
@@ -5338,13 +5356,11 @@ static void bench_small_kernels(const Model *m, GpuState *s) {
                 continue;
             }
             if (c->kind[l] != LAYER_DELTANET) continue;
-            float *cs = s->conv_state + slot * 3 * conv_dim, *state = s->ssm_state + slot * Hv * S * S;
-            if (k == 1)
-                gdn_conv_norm_kernel<<<2 * Hk + Hv, S, 0, st>>>(s->gdn_mixed, DEV(L->conv1d), cs, s->gdn_beta, s->gdn_alpha,
-                                                                DEV(L->dt_bias), DEV(L->ssm_a), s->gdn_gb, Hk, Hv, c->eps);
-            else if (k == 2) gdn_step(state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st);
-            else gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z, DEV(L->ssm_norm), c->eps);
-            KERNEL_CHECK();
+            if (k == 1) gdn_conv_gpu(m, s, l, st);
+            else if (k == 2)
+                gdn_step(gdn_ssm_state(c, s, l), s->gdn_mixed, s->gdn_gb, s->gdn_raw, c->ssm_state, c->ssm_k_heads,
+                         c->ssm_v_heads, 1, st);
+            else gdn_norm_gpu(m, s, l, st);
             calls++;
         }
         CUDA_CHECK(cudaStreamEndCapture(st, &graph));
