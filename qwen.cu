@@ -5369,6 +5369,75 @@ static void bench_small_kernels(const Model *m, GpuState *s) {
     }
 }
 
+// One fast type's mat-vec against its size: K launches in one graph over K different matrices of
+// S bytes each (n_in = the model's width, rows as many as fit), for S from 8 MB to 1 GiB, through
+// the kernel the engine picks (matvec) and through the streaming kernel for every size. A straight
+// line t(S) = t0 + S / B through the points separates what a launch costs whatever its size (t0:
+// the ramp of its first loads, its tail, the gap to the next launch) from the rate it streams at
+// once under way (B): what a kernel that keeps the weights flowing across launches could win.
+static void bench_matvec_sizes(const Model *m, GpuState *s, int type, double copy_bw) {
+    const double MB = 1 << 20;
+    const int sizes[] = {8, 16, 32, 64, 128, 256, 1024}, n_sizes = 7;
+    int E = m->c.n_embd;
+    size_t rb = row_bytes(type, E), fr, tot;
+    CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    size_t buf_bytes = 2048 * (size_t)MB;
+    if (fr < buf_bytes + 512 * (size_t)MB) buf_bytes = fr > 768 * (size_t)MB ? fr - 512 * (size_t)MB : 0;
+    if (buf_bytes < 256 * (size_t)MB) {
+        printf("\n%s mat-vec against its size: skipped (%.0f MB free)\n", type_name(type), fr / MB);
+        return;
+    }
+    uint8_t *buf; // (buf_bytes) the matrices, one after the other; the bytes' values do not matter here
+    float *y;     // (rows of the largest) outputs
+    CUDA_CHECK(cudaMalloc(&buf, buf_bytes));
+    CUDA_CHECK(cudaMemset(buf, 0x11, buf_bytes));
+    CUDA_CHECK(cudaMalloc(&y, buf_bytes / rb * sizeof(float) + 256));
+    cudaStream_t st = s->stream;
+    printf("\n%s mat-vec against its size (%d inputs; K launches over K different matrices in one graph):\n",
+           type_name(type), E);
+    printf("  %9s %5s   %-22s   %-22s\n", "MB/call", "K", "engine's kernel us  %copy", "streaming us  %copy");
+    double sx = 0, sy[2] = {0, 0}, sxx = 0, sxy[2] = {0, 0};
+    int np = 0;
+    for (int i = 0; i < n_sizes; i++) {
+        int64_t rows = (int64_t)(sizes[i] * MB / rb) / 32 * 32;
+        size_t bytes = (size_t)rows * rb, stride = ALIGN256(bytes);
+        int K = (int)(buf_bytes / stride);
+        if (K > 128) K = 128;
+        if (K < 1 || (size_t)(E / 32) * rows > UINT32_MAX) continue;
+        double t[2];
+        for (int k = 0; k < 2; k++) {
+            cudaGraph_t graph;
+            CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            for (int j = 0; j < K; j++) {
+                Tensor W = {"sweep", type, E, rows, NULL, bytes, buf + (size_t)j * stride, 1};
+                if (k == 0) matvec(&W, &s->xb, y, NULL, 0, st);
+                else {
+                    MvPlan p;
+                    memset(&p, 0, sizeof p);
+                    mv_plan_add(&p, &W, NULL, y);
+                    matvec_stream(&p, s->xb.q, E, st);
+                }
+            }
+            CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+            t[k] = graph_ms(graph, 3, st) * 1e-3 / K;
+            sy[k] += t[k];
+            sxy[k] += bytes * t[k];
+        }
+        sx += bytes;
+        sxx += (double)bytes * bytes;
+        np++;
+        printf("  %9.1f %5d   %9.1f  %8.1f %%   %9.1f  %6.1f %%\n", bytes / MB, K, t[0] * 1e6,
+               100.0 * bytes / t[0] / copy_bw, t[1] * 1e6, 100.0 * bytes / t[1] / copy_bw);
+    }
+    for (int k = 0; k < 2 && np >= 2; k++) { // least squares t = t0 + bytes / B
+        double slope = (np * sxy[k] - sx * sy[k]) / (np * sxx - sx * sx), t0 = (sy[k] - slope * sx) / np;
+        printf("  fit, %s: t0 = %.1f us per launch, B = %.0f GB/s = %.1f %% of copy\n",
+               k == 0 ? "engine's kernel" : "streaming kernel", t0 * 1e6, 1e-9 / slope, 100.0 / slope / copy_bw);
+    }
+    cudaFree(buf);
+    cudaFree(y);
+}
+
 // Attention alone: every attention layer's attention launch in one graph, at contexts 128 and 2048
 // (what the context adds to a token beyond its KV bytes is here).
 static void bench_attention(const Model *m, GpuState *s) {
@@ -5460,6 +5529,16 @@ static void run_bench(Model *m, int n_ctx) {
     prof_finish(title);
     bench_matvecs(m, &s, copy_bw);
     bench_small_kernels(m, &s);
+    { // each fast type the model's mat-vecs use, against its size
+        const LayerWeights *L0 = &m->w.layers[0];
+        int types[5] = {L0->w_gate.type, L0->w_down.type, m->w.output.type, L0->wqkv.name ? L0->wqkv.type : L0->wq.type,
+                        L0->wv.name ? L0->wv.type : -1}, seen[5], n_seen = 0;
+        for (int i = 0; i < 5; i++) {
+            int dup = !is_fast_type(types[i]);
+            for (int j = 0; j < n_seen; j++) dup |= seen[j] == types[i];
+            if (!dup) bench_matvec_sizes(m, &s, seen[n_seen++] = types[i], copy_bw);
+        }
+    }
 
     // prefill: pp512 = a 512-token prompt from position 0, logits of its last token
     if (s.n_batch >= 512 && !decode_only) {
