@@ -3893,8 +3893,9 @@ attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
                 wmma::store_matrix_sync(Ss + 16 * g * lds + 16 * kt, s, lds, wmma::mem_row_major);
             }
             __syncthreads();
-            // softmax rows: pass 0 the running maximum, pass 1 P and its sum
-            float mx = -INFINITY, sum = 0.0f, m = ms[sr];
+            // softmax rows: pass 0 the running maximum, pass 1 P and its sum (in pass 0 only the row's
+            // first thread needs m, and it writes ms[sr] below: the row's other threads leave it alone)
+            float mx = -INFINITY, sum = 0.0f, m = pass || sp == 0 ? ms[sr] : 0.0f;
             for (int c = sp; c < tk; c += 4) {
                 int key = k0 + c;
                 int visible = st < T && key <= pos0 + st;
