@@ -5530,7 +5530,7 @@ static void run_bench(Model *m, int n_ctx) {
     prof_finish(title);
     bench_matvecs(m, &s, copy_bw);
     bench_small_kernels(m, &s);
-    { // each fast type the model's mat-vecs use, against its size
+    { // each fast type of layer 0's mat-vecs and of the output matrix, against its size
         const LayerWeights *L0 = &m->w.layers[0];
         int types[5] = {L0->w_gate.type, L0->w_down.type, m->w.output.type, L0->wqkv.name ? L0->wqkv.type : L0->wq.type,
                         L0->wv.name ? L0->wv.type : -1}, seen[5], n_seen = 0;
