@@ -62,13 +62,17 @@ test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
 	QWEN_BIN=./qwen$(SUFFIX) ./test/test_qwen$(SUFFIX)
 
 clean:
-	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70
+	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor
 
 .PHONY: all test clean bench bench-tokenizer unicode-check
 
 # synthetic full-size models for benchmarks: test/gen_model --model qwen2.5-32b --ftype iq4_xs -o F.gguf
 test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/gen_model.cu $(LDLIBS) -lpthread
+
+# the floor of a decode token's chain of steps with ideal kernels (GPU only): test/step_floor [shape]
+test/step_floor: test/step_floor.cu
+	$(NVCC_RUN) $(NVFLAGS) -o $@ test/step_floor.cu
 
 # decode benchmark on a GPU: make bench MODEL=path/to/model.gguf
 bench: qwen$(SUFFIX)

@@ -1,0 +1,342 @@
+// step_floor.cu — how fast can a decode token's chain of dependent steps go with ideal kernels?
+//
+// A decode token of the 27B/32B shapes is ~550 dependent steps: ~257 mat-vecs that stream the
+// weights, and ~290 short kernels between them (RMSNorm, the DeltaNet conv / delta-rule step / gated
+// norm, attention) that read almost nothing. Each step needs the one before it. This program keeps
+// that chain and nothing else: every mat-vec becomes a pure read of the same number of bytes
+// (16-byte loads, no dequantization, no arithmetic) and every short kernel an empty step, and it
+// times the chain four ways:
+//
+//   graph      one launch per step, the token replayed as a CUDA graph (what qwen.cu does)
+//   barrier    one persistent kernel per token, a grid barrier between two steps (a token kernel)
+//   prefetch   the same, but every thread issues its first P loads of the next read step before it
+//              enters the barrier(s) ahead of that step, so the weights stream while the grid waits
+//   stream     all the token's bytes in one read, no steps at all (the ceiling of any structure)
+//
+// The result is a floor for each structure, not a model of the engine: a real kernel of the same
+// structure can only be slower. It needs no model file: the step list is built from the shapes.
+//
+//   make test/step_floor && test/step_floor            (GPU only; not part of make test)
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <cuda_runtime.h>
+
+#define CK(x)                                                                                       \
+    do {                                                                                            \
+        cudaError_t e_ = (x);                                                                       \
+        if (e_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));             \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+// One step of the chain. n > 0: read n 16-byte units starting at unit off; n == 0: a short step.
+// next = index of the next read step (-1: none), for the prefetching variant.
+typedef struct {
+    size_t off, n;
+    int next;
+} Step;
+
+// --- the step list of a decode token ---------------------------------------------------------------
+// Bytes per weight: IQ4_XS 4.25 bits, Q4_0 4.5, Q5_K 5.5, Q6_K 6.5625 (qwen-spec.md §3).
+#define B_IQ4 (4.25 / 8)
+#define B_Q40 (4.5 / 8)
+#define B_Q5K (5.5 / 8)
+#define B_Q6K (6.5625 / 8)
+
+#define MAX_STEPS 1024
+static Step steps[MAX_STEPS];
+static int n_steps;
+static size_t units_total;
+static void read_step(double bytes) {
+    size_t n = (size_t)(bytes / 16);
+    steps[n_steps++] = Step{units_total, n, -1};
+    units_total += n;
+}
+static void short_step() { steps[n_steps++] = Step{0, 0, -1}; }
+
+// Qwen3.6-27B (qwen35): 64 layers, every 4th gated attention, the others Gated DeltaNet; hidden
+// 5120, FFN 17408, vocabulary 248320. iq4 = 1: the IQ4_XS mix (Q5_K DeltaNet qkv, attn_v, ffn_down
+// of the first 8 layers; Q6_K output), else Q4_0 (Q6_K output).
+static void build_27b(int iq4) {
+    double E = 5120, F = 17408, V = 248320, w = iq4 ? B_IQ4 : B_Q40, w5 = iq4 ? B_Q5K : B_Q40;
+    for (int l = 0; l < 64; l++) {
+        short_step(); // RMSNorm
+        if (l % 4 == 3) {
+            read_step(E * 12288 * w + E * 1024 * w + E * 1024 * w5); // q+gate, k, v
+            short_step();                                           // attention (RoPE folded)
+            read_step(6144 * E * w);                                 // attn_output
+        } else {
+            read_step(E * 10240 * w5 + E * 6144 * w + 2 * E * 48 * w); // qkv, z, alpha, beta
+            short_step();                                               // conv
+            read_step(48.0 * 128 * 128 * 4);                            // delta-rule step: the state
+            short_step();                                               // gated norm
+            read_step(6144 * E * w);                                    // ssm_out
+        }
+        short_step();                                     // RMSNorm
+        read_step(2 * E * F * w);                         // gate + up
+        read_step(F * E * ((iq4 && l < 8) ? B_Q5K : w)); // down
+    }
+    short_step();            // final RMSNorm
+    read_step(E * V * B_Q6K); // output
+}
+
+// Qwen3-32B (qwen3): 64 layers, 64 query heads and 8 KV heads of 128, hidden 5120, FFN 25600,
+// vocabulary 151936.
+static void build_32b(int iq4) {
+    double E = 5120, F = 25600, V = 151936, w = iq4 ? B_IQ4 : B_Q40, w5 = iq4 ? B_Q5K : B_Q40;
+    for (int l = 0; l < 64; l++) {
+        short_step();
+        read_step(E * 8192 * w + E * 1024 * w + E * 1024 * w5);
+        short_step();
+        read_step(8192 * E * w);
+        short_step();
+        read_step(2 * E * F * w);
+        read_step(F * E * ((iq4 && l < 8) ? B_Q5K : w));
+    }
+    short_step();
+    read_step(E * V * B_Q6K);
+}
+
+// --- kernels ---------------------------------------------------------------------------------------
+// Weight loads as the engine makes them: 16 bytes, cached in L2 only, never dropped by the compiler.
+__device__ __forceinline__ int4 ldcg(const int4 *p) {
+    int4 v;
+    asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// Units j0*T + t, (j0+1)*T + t, ... below n of p, four loads in flight; returns their xor.
+__device__ __forceinline__ unsigned read_units(const int4 *p, size_t n, size_t t, size_t T, size_t j0) {
+    unsigned acc = 0;
+    size_t i = t + j0 * T;
+    for (; i + 3 * T < n; i += 4 * T) {
+        int4 a = ldcg(p + i), b = ldcg(p + i + T), c = ldcg(p + i + 2 * T), d = ldcg(p + i + 3 * T);
+        acc ^= a.x ^ b.x ^ c.x ^ d.x;
+    }
+    for (; i < n; i += T) acc ^= ldcg(p + i).x;
+    return acc;
+}
+
+// A mat-vec stand-in: one launch reading n units. sink[0] is written only if the data says so (never:
+// the buffer is zero), which keeps the loads alive.
+__global__ void read_kernel(const int4 *p, size_t n, int *sink) {
+    unsigned acc = read_units(p, n, blockIdx.x * (size_t)blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x, 0);
+    if (acc == 0x12345678u) sink[0] = acc;
+}
+
+// A short-kernel stand-in: one thread counts.
+__global__ void short_kernel(int *sink) {
+    if (threadIdx.x == 0) sink[1] += 1;
+}
+
+// Grid barrier: every block counts itself in (release), thread 0 waits until all have (acquire).
+__device__ __forceinline__ void grid_barrier(unsigned *count, unsigned target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        unsigned v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(count) : "memory");
+        } while (v < target);
+    }
+    __syncthreads();
+}
+
+// The token as one kernel over a resident grid. P > 0: a thread issues units 0..P-1 of the next read
+// step (its share: t, T + t, ...) as soon as its part of the current read step is done, and keeps
+// them in registers through the barriers and short steps until that step starts. Warp 0 (whose
+// thread 0 makes the barrier's release, which waits for that thread's loads in flight) prefetches
+// only when pf_warp0 is set.
+template <int P>
+__global__ void token_kernel(const int4 *base, const Step *st, int n_steps, unsigned *count, int *sink, int pf_warp0) {
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, T = (size_t)gridDim.x * blockDim.x;
+    bool prefetcher = P > 0 && (pf_warp0 || threadIdx.x >= 32);
+    unsigned acc = 0, target = 0;
+    int4 pf[P > 0 ? P : 1];
+    bool have = false;
+    for (int s = 0; s < n_steps; s++) {
+        Step c = st[s];
+        if (c.n) {
+            size_t j0 = 0;
+            if (have) {
+#pragma unroll
+                for (int k = 0; k < P; k++) acc ^= pf[k].x;
+                j0 = P;
+                have = false;
+            }
+            acc ^= read_units(base + c.off, c.n, t, T, j0);
+            if (prefetcher && c.next >= 0) {
+                Step d = st[c.next];
+#pragma unroll
+                for (int k = 0; k < P; k++) pf[k] = t + k * T < d.n ? ldcg(base + d.off + t + k * T) : make_int4(0, 0, 0, 0);
+                have = true;
+            }
+        } else if (blockIdx.x == 0 && threadIdx.x == 0) {
+            sink[1] += 1;
+        }
+        target += gridDim.x;
+        grid_barrier(count, target);
+    }
+    if (acc == 0x12345678u) sink[0] = acc;
+}
+
+// --- timing ----------------------------------------------------------------------------------------
+static int cmp_float(const void *a, const void *b) { return *(const float *)a < *(const float *)b ? -1 : *(const float *)a > *(const float *)b; }
+
+static double copy_bandwidth(void) {
+    size_t n = 1ull << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, n));
+    CK(cudaMalloc(&b, n));
+    CK(cudaMemset(a, 1, n));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float ms[11];
+    for (int i = 0; i < 11; i++) {
+        CK(cudaEventRecord(e0));
+        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&ms[i], e0, e1));
+    }
+    qsort(ms + 1, 10, sizeof ms[0], cmp_float); // the first one warms up
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    return 2.0 * n / (ms[5] * 1e-3); // read + write
+}
+
+static cudaEvent_t ev0, ev1;
+static void tic(void) { CK(cudaEventRecord(ev0)); }
+static double toc(int reps) {
+    float ms;
+    CK(cudaEventRecord(ev1));
+    CK(cudaEventSynchronize(ev1));
+    CK(cudaEventElapsedTime(&ms, ev0, ev1));
+    return ms * 1e-3 / reps;
+}
+
+static void report(const char *what, double t, double bytes, double copy) {
+    printf("  %-44s %7.3f ms  %7.1f tok/s  %6.0f GB/s  %5.1f %% of copy\n", what, t * 1e3, 1 / t, bytes / t / 1e9,
+           100 * bytes / t / copy);
+}
+
+template <int P>
+static double run_token_kernel(const int4 *buf, const Step *d_st, int n, unsigned *count, int *sink, int grid, int pf0, int reps) {
+    for (int r = -2; r < reps; r++) {
+        if (r == 0) tic();
+        CK(cudaMemsetAsync(count, 0, sizeof(unsigned)));
+        token_kernel<P><<<grid, 256>>>(buf, d_st, n, count, sink, pf0);
+    }
+    CK(cudaGetLastError());
+    return toc(reps);
+}
+
+int main(int argc, char **argv) {
+    const char *shape = argc > 1 ? argv[1] : "27b-iq4_xs";
+    if (!strcmp(shape, "27b-iq4_xs")) build_27b(1);
+    else if (!strcmp(shape, "27b-q4_0")) build_27b(0);
+    else if (!strcmp(shape, "32b-iq4_xs")) build_32b(1);
+    else if (!strcmp(shape, "32b-q4_0")) build_32b(0);
+    else {
+        fprintf(stderr, "usage: %s [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0]\n", argv[0]);
+        return 2;
+    }
+    int n = n_steps, n_read = 0;
+    for (int s = n - 1, next = -1; s >= 0; s--) {
+        steps[s].next = next;
+        if (steps[s].n) next = s, n_read++;
+    }
+    double bytes = 16.0 * units_total;
+
+    int dev, n_sm;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    CK(cudaEventCreate(&ev0));
+    CK(cudaEventCreate(&ev1));
+    double copy = copy_bandwidth();
+    printf("%s, %d SMs; copy bandwidth (1 GiB device-to-device, read + write): %.0f GB/s\n", prop.name, n_sm, copy / 1e9);
+    printf("shape %s: %d steps (%d reads, %d short), %.2f GB read per token\n", shape, n, n_read, n - n_read, bytes / 1e9);
+
+    int4 *buf;
+    int *sink;
+    unsigned *count;
+    Step *d_st;
+    CK(cudaMalloc(&buf, 16 * units_total));
+    CK(cudaMemset(buf, 0, 16 * units_total));
+    CK(cudaMalloc(&sink, 2 * sizeof(int)));
+    CK(cudaMalloc(&count, sizeof(unsigned)));
+    CK(cudaMalloc(&d_st, n * sizeof(Step)));
+    CK(cudaMemcpy(d_st, steps, n * sizeof(Step), cudaMemcpyHostToDevice));
+    const int reps = 20, read_grid = 8 * n_sm;
+
+    // stream: every byte in one launch
+    for (int r = -1; r < reps; r++) {
+        if (r == 0) tic();
+        read_kernel<<<read_grid, 256>>>(buf, units_total, sink);
+    }
+    CK(cudaGetLastError());
+    report("stream (one read, no steps)", toc(reps), bytes, copy);
+
+    // graph: one launch per step, all captured in one graph
+    cudaStream_t cs;
+    CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    for (int only_short = 0; only_short < 2; only_short++) {
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+        for (int s = 0; s < n; s++) {
+            if (steps[s].n && !only_short) read_kernel<<<read_grid, 256, 0, cs>>>(buf + steps[s].off, steps[s].n, sink);
+            else short_kernel<<<1, 32, 0, cs>>>(sink);
+        }
+        CK(cudaStreamEndCapture(cs, &g));
+        CK(cudaGraphInstantiateWithFlags(&ge, g, 0));
+        for (int r = -2; r < reps; r++) {
+            if (r == 0) CK(cudaEventRecord(ev0, cs));
+            CK(cudaGraphLaunch(ge, cs));
+        }
+        CK(cudaEventRecord(ev1, cs));
+        CK(cudaEventSynchronize(ev1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, ev0, ev1));
+        double t = ms * 1e-3 / reps;
+        if (only_short) printf("  graph of %d empty launches: %.2f us per launch\n", n, 1e6 * t / n);
+        else report("graph (one launch per step)", t, bytes, copy);
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+    }
+
+    // barrier / prefetch: one persistent kernel per token, 1..4 blocks of 256 threads per SM
+    int occ;
+    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, token_kernel<8>, 256, 0));
+    for (int per_sm = 1; per_sm <= 4 && per_sm <= occ; per_sm *= 2) {
+        int grid = per_sm * n_sm;
+        char what[96];
+        // barriers alone: every step short
+        {
+            Step *d_e;
+            CK(cudaMalloc(&d_e, n * sizeof(Step)));
+            CK(cudaMemset(d_e, 0, n * sizeof(Step))); // n = 0: short
+            double t = run_token_kernel<0>(buf, d_e, n, count, sink, grid, 0, reps);
+            printf("  %d blocks/SM: %d grid barriers alone: %.2f us per barrier\n", per_sm, n, 1e6 * t / n);
+            CK(cudaFree(d_e));
+        }
+        snprintf(what, sizeof what, "barrier, %d blocks/SM", per_sm);
+        report(what, run_token_kernel<0>(buf, d_st, n, count, sink, grid, 0, reps), bytes, copy);
+        for (int pf0 = 0; pf0 < 2; pf0++) {
+            snprintf(what, sizeof what, "prefetch 4 units, %d blocks/SM%s", per_sm, pf0 ? ", warp 0 too" : "");
+            report(what, run_token_kernel<4>(buf, d_st, n, count, sink, grid, pf0, reps), bytes, copy);
+            snprintf(what, sizeof what, "prefetch 8 units, %d blocks/SM%s", per_sm, pf0 ? ", warp 0 too" : "");
+            report(what, run_token_kernel<8>(buf, d_st, n, count, sink, grid, pf0, reps), bytes, copy);
+        }
+    }
+    int h_sink[2];
+    CK(cudaMemcpy(h_sink, sink, sizeof h_sink, cudaMemcpyDeviceToHost));
+    printf("(sink %d)\n", h_sink[0]);
+    return 0;
+}
