@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <cuda_runtime.h>
 
 #define CK(x)                                                                                       \
@@ -235,14 +236,73 @@ static double run_token_kernel(const int4 *buf, const Step *d_st, int n, unsigne
     return toc(reps);
 }
 
+// One read of S bytes as a launch of its own, K launches over K regions in a graph: us per launch,
+// for the sizes of the 27B IQ4_XS file's mat-vecs, at two occupancies (the fit t = t0 + S / B).
+static void sizes(double copy, int n_sm) {
+    const double mb[] = {16.7, 39.8, 47.3, 53.1, 94.7, 1043.0};
+    const int ns = sizeof mb / sizeof mb[0];
+    size_t cap = 8ull << 30;
+    int4 *buf;
+    int *sink;
+    CK(cudaMalloc(&buf, cap));
+    CK(cudaMemset(buf, 0, cap));
+    CK(cudaMalloc(&sink, 2 * sizeof(int)));
+    cudaStream_t cs;
+    CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    for (int occ = 0; occ < 2; occ++) {
+        int grid = occ == 0 ? 8 * n_sm : 2 * n_sm; // 64 or 16 warps per SM
+        double sx = 0, sy = 0, sxx = 0, sxy = 0;
+        printf("pure reads, one launch each, %d warps per SM:\n", grid / n_sm * 8);
+        for (int i = 0; i < ns; i++) {
+            size_t n = (size_t)(mb[i] * 1e6 / 16);
+            int K = (int)std::min((size_t)64, cap / 16 / n);
+            cudaGraph_t g;
+            cudaGraphExec_t ge;
+            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+            for (int k = 0; k < K; k++) read_kernel<<<grid, 256, 0, cs>>>(buf + k * n, n, sink);
+            CK(cudaStreamEndCapture(cs, &g));
+            CK(cudaGraphInstantiateWithFlags(&ge, g, 0));
+            const int reps = 10;
+            for (int r = -1; r < reps; r++) {
+                if (r == 0) CK(cudaEventRecord(ev0, cs));
+                CK(cudaGraphLaunch(ge, cs));
+            }
+            CK(cudaEventRecord(ev1, cs));
+            CK(cudaEventSynchronize(ev1));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, ev0, ev1));
+            double t = ms * 1e-3 / reps / K, S = 16.0 * n;
+            printf("  %7.1f MB: %7.2f us per launch, %5.1f %% of copy\n", S / 1e6, t * 1e6, 100 * S / t / copy);
+            sx += S, sy += t, sxx += S * S, sxy += S * t;
+            CK(cudaGraphExecDestroy(ge));
+            CK(cudaGraphDestroy(g));
+        }
+        double slope = (ns * sxy - sx * sy) / (ns * sxx - sx * sx), t0 = (sy - slope * sx) / ns;
+        printf("  fit t = t0 + S / B: t0 %.2f us, B %.0f GB/s = %.1f %% of copy\n", t0 * 1e6, 1e-9 / slope, 100 / slope / copy);
+    }
+    CK(cudaFree(buf));
+    CK(cudaFree(sink));
+}
+
 int main(int argc, char **argv) {
     const char *shape = argc > 1 ? argv[1] : "27b-iq4_xs";
+    if (!strcmp(shape, "sizes")) {
+        int dev, n_sm;
+        CK(cudaGetDevice(&dev));
+        CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+        CK(cudaEventCreate(&ev0));
+        CK(cudaEventCreate(&ev1));
+        double copy = copy_bandwidth();
+        printf("copy bandwidth %.0f GB/s\n", copy / 1e9);
+        sizes(copy, n_sm);
+        return 0;
+    }
     if (!strcmp(shape, "27b-iq4_xs")) build_27b(1);
     else if (!strcmp(shape, "27b-q4_0")) build_27b(0);
     else if (!strcmp(shape, "32b-iq4_xs")) build_32b(1);
     else if (!strcmp(shape, "32b-q4_0")) build_32b(0);
     else {
-        fprintf(stderr, "usage: %s [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0]\n", argv[0]);
+        fprintf(stderr, "usage: %s [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0 | sizes]\n", argv[0]);
         return 2;
     }
     int n = n_steps, n_read = 0;
