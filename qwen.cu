@@ -2660,15 +2660,16 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
         __syncthreads(); // the previous chunk is consumed
         // stage the chunk's K and V rows (hd/8 uint4 per row; chunk * hd <= 8192, so at most
         // ATT_STAGE of each per thread): every load issued before the first store, one memory
-        // latency per chunk (a loop of load-store pairs waits one latency per pair)
+        // latency per chunk (a loop of load-store pairs waits one latency per pair). Evict-first
+        // (__ldcs), like the weights: the cache is read once per token.
         uint4 kr[ATT_STAGE], vr[ATT_STAGE];
 #pragma unroll
         for (int k = 0; k < ATT_STAGE; k++) {
             int i = threadIdx.x + k * ATT_THREADS, t = i / v8, cc = i % v8;
             size_t src = ((size_t)(t0 + t) * n_kv + j) * hd + 8 * cc;
             if (i < nl * v8) {
-                kr[k] = *(const uint4 *)(kc + src);
-                vr[k] = *(const uint4 *)(vc + src);
+                kr[k] = __ldcs((const uint4 *)(kc + src));
+                vr[k] = __ldcs((const uint4 *)(vc + src));
             }
         }
 #pragma unroll
