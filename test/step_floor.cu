@@ -13,10 +13,14 @@
 //              enters the barrier(s) ahead of that step, so the weights stream while the grid waits
 //   stream     all the token's bytes in one read, no steps at all (the ceiling of any structure)
 //
-// The result is a floor for each structure, not a model of the engine: a real kernel of the same
-// structure can only be slower. It needs no model file: the step list is built from the shapes.
+// (The DeltaNet's delta-rule step reads its 6.3 MB state: a read step too.) The result is a floor for
+// each structure, not a model of the engine: a real kernel of the same structure does more. It needs
+// no model file: the step list is built from the shapes. A second mode times pure reads of the 27B
+// mat-vecs' sizes as launches of their own, the floor of each kind of mat-vec (test/PERF_NOTES.md,
+// decode run 12, has the H200's numbers).
 //
-//   make test/step_floor && test/step_floor            (GPU only; not part of make test)
+//   make test/step_floor && test/step_floor [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0 | sizes]
+//   (GPU only; not part of make test)
 
 #include <cstdio>
 #include <cstdlib>
