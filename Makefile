@@ -71,7 +71,7 @@ test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/gen_model.cu $(LDLIBS) -lpthread
 
 # the floor of a decode token's chain of steps with ideal kernels (GPU only): test/step_floor [shape]
-test/step_floor: test/step_floor.cu
+test/step_floor: test/step_floor.cu qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/step_floor.cu
 
 # decode benchmark on a GPU: make bench MODEL=path/to/model.gguf

@@ -22,20 +22,11 @@
 //   make test/step_floor && test/step_floor [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0 | sizes]
 //   (GPU only; not part of make test)
 
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
+// The engine without its main, for the benchmark's own pieces: CUDA_CHECK, measure_copy_bandwidth
+// (the copy bandwidth exactly as --bench measures it) and graph_ms.
+#define TESTING
+#include "../qwen.cu"
 #include <algorithm>
-#include <cuda_runtime.h>
-
-#define CK(x)                                                                                       \
-    do {                                                                                            \
-        cudaError_t e_ = (x);                                                                       \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));             \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
 
 // One step of the chain. n > 0: read n 16-byte units starting at unit off; n == 0: a short step.
 // next = index of the next read step (-1: none), for the prefetching variant.
@@ -189,38 +180,13 @@ __global__ void token_kernel(const int4 *base, const Step *st, int n_steps, unsi
 }
 
 // --- timing ----------------------------------------------------------------------------------------
-static int cmp_float(const void *a, const void *b) { return *(const float *)a < *(const float *)b ? -1 : *(const float *)a > *(const float *)b; }
-
-static double copy_bandwidth(void) {
-    size_t n = 1ull << 30;
-    void *a, *b;
-    CK(cudaMalloc(&a, n));
-    CK(cudaMalloc(&b, n));
-    CK(cudaMemset(a, 1, n));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    float ms[11];
-    for (int i = 0; i < 11; i++) {
-        CK(cudaEventRecord(e0));
-        CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms[i], e0, e1));
-    }
-    qsort(ms + 1, 10, sizeof ms[0], cmp_float); // the first one warms up
-    CK(cudaFree(a));
-    CK(cudaFree(b));
-    return 2.0 * n / (ms[5] * 1e-3); // read + write
-}
-
 static cudaEvent_t ev0, ev1;
-static void tic(void) { CK(cudaEventRecord(ev0)); }
+static void tic(void) { CUDA_CHECK(cudaEventRecord(ev0)); }
 static double toc(int reps) {
     float ms;
-    CK(cudaEventRecord(ev1));
-    CK(cudaEventSynchronize(ev1));
-    CK(cudaEventElapsedTime(&ms, ev0, ev1));
+    CUDA_CHECK(cudaEventRecord(ev1));
+    CUDA_CHECK(cudaEventSynchronize(ev1));
+    CUDA_CHECK(cudaEventElapsedTime(&ms, ev0, ev1));
     return ms * 1e-3 / reps;
 }
 
@@ -233,10 +199,10 @@ template <int P>
 static double run_token_kernel(const int4 *buf, const Step *d_st, int n, unsigned *count, int *sink, int grid, int pf0, int reps) {
     for (int r = -2; r < reps; r++) {
         if (r == 0) tic();
-        CK(cudaMemsetAsync(count, 0, sizeof(unsigned)));
+        CUDA_CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned)));
         token_kernel<P><<<grid, 256>>>(buf, d_st, n, count, sink, pf0);
     }
-    CK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     return toc(reps);
 }
 
@@ -248,11 +214,11 @@ static void sizes(double copy, int n_sm) {
     size_t cap = 8ull << 30;
     int4 *buf;
     int *sink;
-    CK(cudaMalloc(&buf, cap));
-    CK(cudaMemset(buf, 0, cap));
-    CK(cudaMalloc(&sink, 2 * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&buf, cap));
+    CUDA_CHECK(cudaMemset(buf, 0, cap));
+    CUDA_CHECK(cudaMalloc(&sink, 2 * sizeof(int)));
     cudaStream_t cs;
-    CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
     for (int occ = 0; occ < 2; occ++) {
         int grid = occ == 0 ? 8 * n_sm : 2 * n_sm; // 64 or 16 warps per SM
         double sx = 0, sy = 0, sxx = 0, sxy = 0;
@@ -261,42 +227,27 @@ static void sizes(double copy, int n_sm) {
             size_t n = (size_t)(mb[i] * 1e6 / 16);
             int K = (int)std::min((size_t)64, cap / 16 / n);
             cudaGraph_t g;
-            cudaGraphExec_t ge;
-            CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+            CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
             for (int k = 0; k < K; k++) read_kernel<<<grid, 256, 0, cs>>>(buf + k * n, n, sink);
-            CK(cudaStreamEndCapture(cs, &g));
-            CK(cudaGraphInstantiateWithFlags(&ge, g, 0));
-            const int reps = 10;
-            for (int r = -1; r < reps; r++) {
-                if (r == 0) CK(cudaEventRecord(ev0, cs));
-                CK(cudaGraphLaunch(ge, cs));
-            }
-            CK(cudaEventRecord(ev1, cs));
-            CK(cudaEventSynchronize(ev1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, ev0, ev1));
-            double t = ms * 1e-3 / reps / K, S = 16.0 * n;
+            CUDA_CHECK(cudaStreamEndCapture(cs, &g));
+            double t = graph_ms(g, 10, cs) * 1e-3 / K, S = 16.0 * n; // graph_ms destroys g
             printf("  %7.1f MB: %7.2f us per launch, %5.1f %% of copy\n", S / 1e6, t * 1e6, 100 * S / t / copy);
             sx += S, sy += t, sxx += S * S, sxy += S * t;
-            CK(cudaGraphExecDestroy(ge));
-            CK(cudaGraphDestroy(g));
         }
         double slope = (ns * sxy - sx * sy) / (ns * sxx - sx * sx), t0 = (sy - slope * sx) / ns;
         printf("  fit t = t0 + S / B: t0 %.2f us, B %.0f GB/s = %.1f %% of copy\n", t0 * 1e6, 1e-9 / slope, 100 / slope / copy);
     }
-    CK(cudaFree(buf));
-    CK(cudaFree(sink));
+    CUDA_CHECK(cudaFree(buf));
+    CUDA_CHECK(cudaFree(sink));
 }
 
 int main(int argc, char **argv) {
     const char *shape = argc > 1 ? argv[1] : "27b-iq4_xs";
     if (!strcmp(shape, "sizes")) {
         int dev, n_sm;
-        CK(cudaGetDevice(&dev));
-        CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-        CK(cudaEventCreate(&ev0));
-        CK(cudaEventCreate(&ev1));
-        double copy = copy_bandwidth();
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+        double read_bw, copy = measure_copy_bandwidth(&read_bw);
         printf("copy bandwidth %.0f GB/s\n", copy / 1e9);
         sizes(copy, n_sm);
         return 0;
@@ -317,13 +268,13 @@ int main(int argc, char **argv) {
     double bytes = 16.0 * units_total;
 
     int dev, n_sm;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, dev));
-    CK(cudaEventCreate(&ev0));
-    CK(cudaEventCreate(&ev1));
-    double copy = copy_bandwidth();
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    CUDA_CHECK(cudaEventCreate(&ev0));
+    CUDA_CHECK(cudaEventCreate(&ev1));
+    double read_bw, copy = measure_copy_bandwidth(&read_bw);
     printf("%s, %d SMs; copy bandwidth (1 GiB device-to-device, read + write): %.0f GB/s\n", prop.name, n_sm, copy / 1e9);
     printf("shape %s: %d steps (%d reads, %d short), %.2f GB read per token\n", shape, n, n_read, n - n_read, bytes / 1e9);
 
@@ -331,12 +282,12 @@ int main(int argc, char **argv) {
     int *sink;
     unsigned *count;
     Step *d_st;
-    CK(cudaMalloc(&buf, 16 * units_total));
-    CK(cudaMemset(buf, 0, 16 * units_total));
-    CK(cudaMalloc(&sink, 2 * sizeof(int)));
-    CK(cudaMalloc(&count, sizeof(unsigned)));
-    CK(cudaMalloc(&d_st, n * sizeof(Step)));
-    CK(cudaMemcpy(d_st, steps, n * sizeof(Step), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&buf, 16 * units_total));
+    CUDA_CHECK(cudaMemset(buf, 0, 16 * units_total));
+    CUDA_CHECK(cudaMalloc(&sink, 2 * sizeof(int)));
+    CUDA_CHECK(cudaMalloc(&count, sizeof(unsigned)));
+    CUDA_CHECK(cudaMalloc(&d_st, n * sizeof(Step)));
+    CUDA_CHECK(cudaMemcpy(d_st, steps, n * sizeof(Step), cudaMemcpyHostToDevice));
     const int reps = 20, read_grid = 8 * n_sm;
 
     // stream: every byte in one launch
@@ -344,51 +295,39 @@ int main(int argc, char **argv) {
         if (r == 0) tic();
         read_kernel<<<read_grid, 256>>>(buf, units_total, sink);
     }
-    CK(cudaGetLastError());
+    CUDA_CHECK(cudaGetLastError());
     report("stream (one read, no steps)", toc(reps), bytes, copy);
 
     // graph: one launch per step, all captured in one graph
     cudaStream_t cs;
-    CK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
     for (int only_short = 0; only_short < 2; only_short++) {
         cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+        CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
         for (int s = 0; s < n; s++) {
             if (steps[s].n && !only_short) read_kernel<<<read_grid, 256, 0, cs>>>(buf + steps[s].off, steps[s].n, sink);
             else short_kernel<<<1, 32, 0, cs>>>(sink);
         }
-        CK(cudaStreamEndCapture(cs, &g));
-        CK(cudaGraphInstantiateWithFlags(&ge, g, 0));
-        for (int r = -2; r < reps; r++) {
-            if (r == 0) CK(cudaEventRecord(ev0, cs));
-            CK(cudaGraphLaunch(ge, cs));
-        }
-        CK(cudaEventRecord(ev1, cs));
-        CK(cudaEventSynchronize(ev1));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, ev0, ev1));
-        double t = ms * 1e-3 / reps;
+        CUDA_CHECK(cudaStreamEndCapture(cs, &g));
+        double t = graph_ms(g, reps, cs) * 1e-3; // graph_ms destroys g
         if (only_short) printf("  graph of %d empty launches: %.2f us per launch\n", n, 1e6 * t / n);
         else report("graph (one launch per step)", t, bytes, copy);
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
     }
 
     // barrier / prefetch: one persistent kernel per token, 1..4 blocks of 256 threads per SM
     int occ;
-    CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, token_kernel<8>, 256, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, token_kernel<8>, 256, 0));
     for (int per_sm = 1; per_sm <= 4 && per_sm <= occ; per_sm *= 2) {
         int grid = per_sm * n_sm;
         char what[96];
         // barriers alone: every step short
         {
             Step *d_e;
-            CK(cudaMalloc(&d_e, n * sizeof(Step)));
-            CK(cudaMemset(d_e, 0, n * sizeof(Step))); // n = 0: short
+            CUDA_CHECK(cudaMalloc(&d_e, n * sizeof(Step)));
+            CUDA_CHECK(cudaMemset(d_e, 0, n * sizeof(Step))); // n = 0: short
             double t = run_token_kernel<0>(buf, d_e, n, count, sink, grid, 0, reps);
             printf("  %d blocks/SM: %d grid barriers alone: %.2f us per barrier\n", per_sm, n, 1e6 * t / n);
-            CK(cudaFree(d_e));
+            CUDA_CHECK(cudaFree(d_e));
         }
         snprintf(what, sizeof what, "barrier, %d blocks/SM", per_sm);
         report(what, run_token_kernel<0>(buf, d_st, n, count, sink, grid, 0, reps), bytes, copy);
@@ -400,7 +339,7 @@ int main(int argc, char **argv) {
         }
     }
     int h_sink[2];
-    CK(cudaMemcpy(h_sink, sink, sizeof h_sink, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(h_sink, sink, sizeof h_sink, cudaMemcpyDeviceToHost));
     printf("(sink %d)\n", h_sink[0]);
     return 0;
 }
