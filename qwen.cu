@@ -2269,8 +2269,9 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
 // the loads of row r+1 only once row r's arithmetic is under way (it saves registers that way): one
 // or two loads in flight per thread. A warp barrier is a point no memory access may cross, so every
 // load is issued before it, at the cost of registers for all of them. Set by measurement: faster for
-// rows of several passes and for the batch kernel, slower for one-pass rows at 8 rows per block,
-// where the extra registers cost resident blocks (the numbers of that comparison were not kept).
+// rows of several passes, for the batch kernel and for Q4_0's one-pass rows at 4 rows per block,
+// slower for the other types' one-pass rows (at 8 rows per block the extra registers cost resident
+// blocks; matvec() has the numbers).
 template <int TYPE, int R, bool LOADS_FIRST>
 __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
                                           const XQ &xq,       // (n_sub) blocks of the input
@@ -3018,11 +3019,12 @@ __global__ void silu_mul_quant_kernel(Act h, const float *u, int n) {
 
 // --- host launchers -------------------------------------------------------------------------------
 
-// Which fast mat-vec kernel a plan takes. The streaming kernel pays off when a warp's run holds at
-// least two whole row groups on average: measured on the H200, it streams the output matrix at 91 %
-// of the copy bandwidth (the per-block kernel: 73 %) and gate/up faster, but a shorter run is a
-// chain of memory latencies whose groups are shared between warps, and there the per-block kernels
-// are faster (ffn_down, the attention and DeltaNet projections; test/PERF_NOTES.md).
+// Which fast mat-vec kernel a plan takes. The streaming kernel pays off when a warp's run holds
+// about two whole row groups on average (1.9 or more): measured on the H200, it streams the output
+// matrix at 91 % of the copy bandwidth (the per-block kernel: 73 %), gate/up faster and the 27B's
+// DeltaNet projections (1.95 groups a run) 0.4-0.5 % of a token faster; a shorter run is a chain of
+// memory latencies whose groups are shared between warps, and there the per-block kernels are
+// faster (ffn_down, the attention projections, ssm_out; test/PERF_NOTES.md).
 // QWEN_MV=stream or QWEN_MV=blocks forces one kernel (measurement; the tests run both).
 enum { MV_AUTO, MV_STREAM, MV_BLOCKS };
 static int g_mv_mode = -1;
@@ -3033,7 +3035,7 @@ static int mv_use_stream(const MvPlan *p, int n_in) {
     }
     if (g_mv_mode != MV_AUTO) return g_mv_mode == MV_STREAM;
     long cpr = (n_in / 32 + WARP - 1) / WARP, warps = (long)mv_grid_blocks() * (MV_THREADS / WARP);
-    return p->first_unit[p->n] >= 2 * cpr * warps;
+    return 10L * p->first_unit[p->n] >= 19 * cpr * warps;
 }
 
 // y = W x (+ bias) (+ y when accumulate): the fast kernel (16-bit x) for weights in planes, the
@@ -3051,12 +3053,17 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
             matvec_stream(&p, in->q, n_in, st);
             return;
         }
-        // rows longer than one pass of the block (the FFN down projections) take half the rows per
-        // block: twice the blocks, since each one walks its rows pass after pass
+        // Rows longer than one pass of the block (the FFN down projections) take half the rows per
+        // block, all loads first: twice the blocks, since each one walks its rows pass after pass.
+        // One-pass rows of Q4_0 too (its arithmetic is short, so the loads are what a block waits
+        // on; H200: Qwen3-32B Q4_0 6.75 -> 6.50 ms a token, 27B Q4_0 5.91 -> 5.84); the other types'
+        // one-pass rows take FAST_ROWS, no barrier (the 27B IQ4_XS file with all its one-pass rows
+        // at half, with the barrier: 0.5 % slower).
         int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
-        int R = long_rows ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
+        int half = long_rows || W->type == GGML_TYPE_Q4_0;
+        int R = half ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
 #define FAST(T)                                                                                                  \
-    if (long_rows) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
+    if (half) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
     else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
         FAST_TYPE_SWITCH(W->type, FAST)
 #undef FAST
