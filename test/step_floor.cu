@@ -15,11 +15,12 @@
 //
 // (The DeltaNet's delta-rule step reads its 6.3 MB state: a read step too.) The result is a floor for
 // each structure, not a model of the engine: a real kernel of the same structure does more. It needs
-// no model file: the step list is built from the shapes. A second mode times pure reads of the 27B
-// mat-vecs' sizes as launches of their own, the floor of each kind of mat-vec (test/PERF_NOTES.md,
-// decode run 12, has the H200's numbers).
+// no model file: the step list is built from the shapes. A second mode (sizes) times pure reads of
+// the 27B mat-vecs' sizes as launches of their own, the floor of each kind of mat-vec; a third
+// (order) times a mat-vec's bytes read in the order the streaming kernel's warps read them
+// (test/PERF_NOTES.md, decode runs 12 and 13, have the H200's numbers).
 //
-//   make test/step_floor && test/step_floor [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0 | sizes]
+//   make test/step_floor && test/step_floor [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0 | sizes | order]
 //   (GPU only; not part of make test)
 
 // The engine without its main, for the benchmark's own pieces: CUDA_CHECK, measure_copy_bandwidth
@@ -97,22 +98,19 @@ static void build_32b(int iq4) {
 }
 
 // --- kernels ---------------------------------------------------------------------------------------
-// Weight loads as the engine makes them: 16 bytes, cached in L2 only, never dropped by the compiler.
-__device__ __forceinline__ int4 ldcg(const int4 *p) {
-    int4 v;
-    asm volatile("ld.global.cg.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-    return v;
-}
+// Weight loads as the engine makes them: ldw from qwen.cu, 16 bytes, evict-first (ld.global.cs), never
+// dropped by the compiler.
+__device__ __forceinline__ int4 ldcs(const int4 *p) { return ldw(p); }
 
 // Units j0*T + t, (j0+1)*T + t, ... below n of p, four loads in flight; returns their xor.
 __device__ __forceinline__ unsigned read_units(const int4 *p, size_t n, size_t t, size_t T, size_t j0) {
     unsigned acc = 0;
     size_t i = t + j0 * T;
     for (; i + 3 * T < n; i += 4 * T) {
-        int4 a = ldcg(p + i), b = ldcg(p + i + T), c = ldcg(p + i + 2 * T), d = ldcg(p + i + 3 * T);
+        int4 a = ldcs(p + i), b = ldcs(p + i + T), c = ldcs(p + i + 2 * T), d = ldcs(p + i + 3 * T);
         acc ^= a.x ^ b.x ^ c.x ^ d.x;
     }
-    for (; i < n; i += T) acc ^= ldcg(p + i).x;
+    for (; i < n; i += T) acc ^= ldcs(p + i).x;
     return acc;
 }
 
@@ -167,7 +165,7 @@ __global__ void token_kernel(const int4 *base, const Step *st, int n_steps, unsi
             if (prefetcher && c.next >= 0) {
                 Step d = st[c.next];
 #pragma unroll
-                for (int k = 0; k < P; k++) pf[k] = t + k * T < d.n ? ldcg(base + d.off + t + k * T) : make_int4(0, 0, 0, 0);
+                for (int k = 0; k < P; k++) pf[k] = t + k * T < d.n ? ldcs(base + d.off + t + k * T) : make_int4(0, 0, 0, 0);
                 have = true;
             }
         } else if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -241,15 +239,90 @@ static void sizes(double copy, int n_sm) {
     CUDA_CHECK(cudaFree(sink));
 }
 
+// The order in which a mat-vec's warps read its bytes. Pure reads (no arithmetic) of an IQ4_XS
+// matrix in the engine's planes (qs: 16 B per 32-weight sub-block; header: 8 B per 8 sub-blocks),
+// cut as the streaming kernel cuts it: units of 4 rows x 32 sub-blocks (one 16-byte load per lane and
+// row, plus the rows' headers), each warp of a one-wave grid (16 warps per SM) an equal run of units,
+// one unit in flight. Three placements of the same units in memory:
+//   grid-stride  no units: every thread reads 16-byte pieces at the grid's stride (the ideal order)
+//   warp runs    the engine's layout: row-major planes, so at any moment the ~2000 warps read ~2000
+//                places spread over the whole matrix
+//   step order   unit k of every warp's run stored side by side: at any moment the grid reads one
+//                contiguous window (a layout that depends on the grid size)
+template <int STEP_ORDER>
+__global__ void __launch_bounds__(256, 2) unit_read_kernel(const uint8_t *W, int n_sub, int rows, int upw, int total, int *sink) {
+    int lane = threadIdx.x % 32, warp = (blockIdx.x * 256 + threadIdx.x) / 32, nwarps = gridDim.x * 8, cpr = n_sub / 32;
+    size_t NB = (size_t)rows * n_sub;
+    int c0 = warp * upw, c1 = min(c0 + upw, total);
+    unsigned acc = 0;
+    int4 q[4];
+    int2 h[4];
+    auto load = [&](int c) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            unsigned g = STEP_ORDER ? ((unsigned)((c - c0) * nwarps + warp) * 4 + r) * 32 + lane
+                                    : (unsigned)((c / cpr) * 4 + r) * n_sub + (c % cpr) * 32 + lane;
+            q[r] = ldcs((const int4 *)W + g);
+            h[r] = ldw((const int2 *)(W + 16 * NB) + g / 8);
+        }
+    };
+    if (c0 < c1) load(c0);
+    for (int c = c0; c < c1; c++) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) acc ^= q[r].x ^ q[r].w ^ h[r].x;
+        if (c + 1 < c1) load(c + 1);
+    }
+    if (acc == 0x12345678u) sink[0] = acc;
+}
+
+static void order(double copy, int n_sm) {
+    const struct { const char *name; int n_in, rows; } mats[] = {
+        {"27B gate+up", 5120, 2 * 17408}, {"27B ffn_down", 17408, 5120}, {"27B DeltaNet in-proj", 5120, 16480}};
+    int grid = 2 * n_sm, warps = grid * 8, K = 20;
+    int *sink;
+    CUDA_CHECK(cudaMalloc(&sink, 2 * sizeof(int)));
+    cudaStream_t cs;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    printf("pure reads of an IQ4_XS matrix in three orders, %d warps, %d launches over %d copies (us per launch, %% of copy):\n",
+           warps, K, K);
+    for (const auto &m : mats) {
+        int n_sub = m.n_in / 32, cpr = n_sub / 32, total = m.rows / 4 * cpr, upw = (total + warps - 1) / warps;
+        size_t NB = (size_t)m.rows * n_sub, bytes = 16 * NB + NB, alloc = bytes + 16ull * warps * 4 * 32; // step order's last step may overrun
+        alloc = (alloc + 255) / 256 * 256;
+        uint8_t *buf; // K copies, one per launch, so that none is read from L2
+        CUDA_CHECK(cudaMalloc(&buf, K * alloc));
+        CUDA_CHECK(cudaMemset(buf, 0, K * alloc));
+        double t[3];
+        for (int v = 0; v < 3; v++) {
+            cudaGraph_t g;
+            CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+            for (int k = 0; k < K; k++) {
+                const uint8_t *W = buf + k * alloc;
+                if (v == 0) read_kernel<<<grid, 256, 0, cs>>>((const int4 *)W, bytes / 16, sink);
+                else if (v == 1) unit_read_kernel<0><<<grid, 256, 0, cs>>>(W, n_sub, m.rows, upw, total, sink);
+                else unit_read_kernel<1><<<grid, 256, 0, cs>>>(W, n_sub, m.rows, upw, total, sink);
+            }
+            CUDA_CHECK(cudaStreamEndCapture(cs, &g));
+            t[v] = graph_ms(g, 10, cs) * 1e-3 / K; // graph_ms destroys g
+        }
+        printf("  %-21s %6.1f MB: grid-stride %6.2f us %5.1f %%, warp runs %6.2f us %5.1f %%, step order %6.2f us %5.1f %%\n",
+               m.name, bytes / 1e6, t[0] * 1e6, 100 * bytes / t[0] / copy, t[1] * 1e6, 100 * bytes / t[1] / copy,
+               t[2] * 1e6, 100 * bytes / t[2] / copy);
+        CUDA_CHECK(cudaFree(buf));
+    }
+    CUDA_CHECK(cudaFree(sink));
+}
+
 int main(int argc, char **argv) {
     const char *shape = argc > 1 ? argv[1] : "27b-iq4_xs";
-    if (!strcmp(shape, "sizes")) {
+    if (!strcmp(shape, "sizes") || !strcmp(shape, "order")) {
         int dev, n_sm;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
         double read_bw, copy = measure_copy_bandwidth(&read_bw);
         printf("copy bandwidth %.0f GB/s\n", copy / 1e9);
-        sizes(copy, n_sm);
+        if (shape[0] == 's') sizes(copy, n_sm);
+        else order(copy, n_sm);
         return 0;
     }
     if (!strcmp(shape, "27b-iq4_xs")) build_27b(1);
@@ -257,7 +330,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(shape, "32b-iq4_xs")) build_32b(1);
     else if (!strcmp(shape, "32b-q4_0")) build_32b(0);
     else {
-        fprintf(stderr, "usage: %s [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0 | sizes]\n", argv[0]);
+        fprintf(stderr, "usage: %s [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0 | sizes | order]\n", argv[0]);
         return 2;
     }
     int n = n_steps, n_read = 0;
