@@ -3949,7 +3949,7 @@ typedef struct {
     float *part_o;         // (n_head, n_split, head_dim) attention partial outputs
     float *part_ml;        // (n_head, n_split, 2) their softmax max and sum
     Act hb;                // (n_ff) FFN hidden: silu(gate) * up
-    float *hb2;            // (n_ff) up, on the generic path
+    float *hb2;            // (n_ff) up, until silu_mul_quant_kernel makes hb from it
     int *kv_done;          // (n_head_kv) counters of the attention kernel
     float *qg;             // (n_head*2*head_dim) qwen35: per head [q | gate]
     // Gated DeltaNet (qwen35); S = ssm_state, conv_dim = (2*Hk + Hv)*S

@@ -98,19 +98,18 @@ static void build_32b(int iq4) {
 }
 
 // --- kernels ---------------------------------------------------------------------------------------
-// Weight loads as the engine makes them: ldw from qwen.cu, 16 bytes, evict-first (ld.global.cs), never
-// dropped by the compiler.
-__device__ __forceinline__ int4 ldcs(const int4 *p) { return ldw(p); }
+// Weight loads as the engine makes them: qwen.cu's ldw (16 bytes, evict-first ld.global.cs, never
+// dropped by the compiler).
 
 // Units j0*T + t, (j0+1)*T + t, ... below n of p, four loads in flight; returns their xor.
 __device__ __forceinline__ unsigned read_units(const int4 *p, size_t n, size_t t, size_t T, size_t j0) {
     unsigned acc = 0;
     size_t i = t + j0 * T;
     for (; i + 3 * T < n; i += 4 * T) {
-        int4 a = ldcs(p + i), b = ldcs(p + i + T), c = ldcs(p + i + 2 * T), d = ldcs(p + i + 3 * T);
+        int4 a = ldw(p + i), b = ldw(p + i + T), c = ldw(p + i + 2 * T), d = ldw(p + i + 3 * T);
         acc ^= a.x ^ b.x ^ c.x ^ d.x;
     }
-    for (; i < n; i += T) acc ^= ldcs(p + i).x;
+    for (; i < n; i += T) acc ^= ldw(p + i).x;
     return acc;
 }
 
@@ -165,7 +164,7 @@ __global__ void token_kernel(const int4 *base, const Step *st, int n_steps, unsi
             if (prefetcher && c.next >= 0) {
                 Step d = st[c.next];
 #pragma unroll
-                for (int k = 0; k < P; k++) pf[k] = t + k * T < d.n ? ldcs(base + d.off + t + k * T) : make_int4(0, 0, 0, 0);
+                for (int k = 0; k < P; k++) pf[k] = t + k * T < d.n ? ldw(base + d.off + t + k * T) : make_int4(0, 0, 0, 0);
                 have = true;
             }
         } else if (blockIdx.x == 0 && threadIdx.x == 0) {
@@ -262,7 +261,7 @@ __global__ void __launch_bounds__(256, 2) unit_read_kernel(const uint8_t *W, int
         for (int r = 0; r < 4; r++) {
             unsigned g = STEP_ORDER ? ((unsigned)((c - c0) * nwarps + warp) * 4 + r) * 32 + lane
                                     : (unsigned)((c / cpr) * 4 + r) * n_sub + (c % cpr) * 32 + lane;
-            q[r] = ldcs((const int4 *)W + g);
+            q[r] = ldw((const int4 *)W + g);
             h[r] = ldw((const int2 *)(W + 16 * NB) + g / 8);
         }
     };
