@@ -3004,6 +3004,168 @@ __global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */, cons
     if (out.q.q) quantize_block_warp(v, out.q, i / 32, gridDim.x * S / 32);
 }
 
+// One token of a DeltaNet layer between its in-projections and its out-projection, in one launch
+// (the three kernels above do the same in three; a token's prompt path still uses them). Block hv
+// takes v head hv and its k head hk = hv % Hk:
+//   1. its state (S x S, the kernel's bytes) requested first, S/32 rows per warp, lane l holding
+//      columns l, l + 32, ... (gdn_step_kernel's L = 32 layout);
+//   2. the conv + SiLU of its 3S channels (q and k of hk, v of hv), then the L2 norms of q and k
+//      and the gates g, beta, as gdn_conv_norm_kernel;
+//   3. the delta rule, as gdn_step_kernel; o stays in shared memory;
+//   4. the gated RMSNorm of o and its 16-bit copy, as gdn_norm_gate_kernel.
+// The conv state of the v channels belongs to one block; that of the q and k channels is read by the
+// Hv/Hk blocks that share hk, so none may overwrite it before all have read it: each block counts
+// itself in after its reads (count[hk]), and the last to arrive writes the new window and resets
+// the count. No block waits for another, so any number of blocks may be resident.
+// Grid Hv, 1024 threads (S = 32 * NT, NT <= 4). C twins: gdn_conv_c, l2norm_c, the gates in
+// deltanet_block_cpu, gdn_step_c, gated_rmsnorm_c, quantize_block_c.
+#define GDN_TOKEN_THREADS 1024
+template <int NT>
+__global__ void __launch_bounds__(GDN_TOKEN_THREADS)
+gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
+                 float *cs,              // (3, conv_dim) conv state, oldest first
+                 const float *mixed,     // (conv_dim) the qkv projection, before the conv
+                 const float *w,         // (conv_dim, 4) conv taps
+                 const float *z,         // (Hv, S) the gate projection
+                 const float *beta_raw,  // (Hv)
+                 const float *alpha_raw, // (Hv)
+                 const float *dt_bias,   // (Hv)
+                 const float *ssm_a,     // (Hv)
+                 const float *nw,        // (S) the gated norm's weight
+                 Act out,                // (Hv, S) out: the out-projection's input
+                 int *count,             // (Hk) blocks that have read k head hk's conv state; zero between launches
+                 int Hk, int Hv, float eps) {
+    constexpr int S = 32 * NT, R = NT, C = NT; // R rows per warp, C columns per lane
+    __shared__ float qs[S], ks[S], vs[S], os[S], part[2][32];
+    __shared__ float gate[2];
+    __shared__ int last;
+    int hv = blockIdx.x, hk = hv % Hk, t = threadIdx.x, lane = t % WARP, wid = t / WARP, j0 = wid * R;
+    size_t conv_dim = (size_t)(2 * Hk + Hv) * S;
+    // 1. the state, evict-first (all layers' states pass through L2 once per token)
+    float m[R][C];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < C; c++) m[r][c] = __ldcs(&state[((size_t)hv * S + j0 + r) * S + lane + 32 * c]);
+    float zz = t < S ? z[(size_t)hv * S + t] : 0.0f, wn = t < S ? nw[t] : 0.0f;
+    // 2. conv + SiLU of channel i of part p (q, k, v); the new window kept for the state
+    int p = t / S, i = t % S;
+    size_t ch = (p == 0 ? (size_t)hk * S : p == 1 ? (size_t)(Hk + hk) * S : (size_t)(2 * Hk + hv) * S) + i;
+    float win1 = 0.0f, win2 = 0.0f, win3 = 0.0f;
+    if (p < 3) {
+        float win0 = cs[ch];
+        win1 = cs[conv_dim + ch];
+        win2 = cs[2 * conv_dim + ch];
+        win3 = mixed[ch];
+        float sum = win0 * w[4 * ch] + win1 * w[4 * ch + 1] + win2 * w[4 * ch + 2] + win3 * w[4 * ch + 3];
+        float y = sum / (1.0f + __expf(-sum));
+        (p == 0 ? qs : p == 1 ? ks : vs)[i] = y;
+        if (p == 2) { // this head's own channels
+            cs[ch] = win1;
+            cs[conv_dim + ch] = win2;
+            cs[2 * conv_dim + ch] = win3;
+        }
+    }
+    if (t == 0) {
+        float x = alpha_raw[hv] + dt_bias[hv];
+        gate[0] = (x > 20.0f ? x : logf(1.0f + expf(x))) * ssm_a[hv]; // g, the log decay
+        gate[1] = 1.0f / (1.0f + expf(-beta_raw[hv]));               // beta
+    }
+    __syncthreads(); // every read of the conv state is done
+    if (t == 0) {
+        fence_acq_rel();
+        last = atomicAdd(&count[hk], 1) == Hv / Hk - 1;
+        if (last) count[hk] = 0; // all have arrived: ready for the next launch
+        fence_acq_rel();
+    }
+    // ||q||^2 and ||k||^2: warp p < 2 sums part p
+    if (wid < 2) {
+        const float *v = wid ? ks : qs;
+        float ss = 0.0f;
+        for (int k = lane; k < S; k += WARP) ss += v[k] * v[k];
+        ss = warp_sum(ss);
+        if (lane == 0) part[0][wid] = ss;
+    }
+    __syncthreads();
+    if (last && p < 2) { // the last block of k head hk writes its q and k channels' new window
+        cs[ch] = win1;
+        cs[conv_dim + ch] = win2;
+        cs[2 * conv_dim + ch] = win3;
+    }
+    // 3. the delta rule (gdn_step_kernel's arithmetic, one token, 32 lanes per row)
+    float qinv = 1.0f / fmaxf(sqrtf(part[0][0]), eps), kinv = 1.0f / fmaxf(sqrtf(part[0][1]), eps);
+    float qq[C], kk[C], decay = __expf(gate[0]), beta = gate[1];
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        qq[c] = qs[lane + 32 * c] * qinv;
+        kk[c] = ks[lane + 32 * c] * kinv;
+    }
+    float red[2 * R + 1], oq[R]; // M'_j . k (r), M'_j . q (R + r), k . q (2R): this lane's part
+    red[2 * R] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < C; c++) red[2 * R] += kk[c] * qq[c];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        red[r] = red[R + r] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            m[r][c] *= decay;
+            red[r] += m[r][c] * kk[c];
+            red[R + r] += m[r][c] * qq[c];
+        }
+    }
+#pragma unroll
+    for (int off = WARP / 2; off > 0; off /= 2)
+#pragma unroll
+        for (int k = 0; k < 2 * R + 1; k++) red[k] += __shfl_xor_sync(0xffffffffu, red[k], off);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float delta = beta * (vs[j0 + r] - red[r]);
+        oq[r] = red[R + r] + delta * red[2 * R];
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            m[r][c] += delta * kk[c];
+            __stcs(&state[((size_t)hv * S + j0 + r) * S + lane + 32 * c], m[r][c]);
+        }
+    }
+    if (lane < R) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (lane == r) os[j0 + r] = oq[r] * rsqrtf((float)S);
+    }
+    __syncthreads();
+    // 4. gated RMSNorm of o (warps 0 .. NT-1 hold its S values) and the 16-bit copy
+    if (wid < NT) {
+        float v = os[t], ss = warp_sum(v * v);
+        if (lane == 0) part[1][wid] = ss;
+        asm volatile("bar.sync 1, %0;" ::"r"(S)); // the NT warps of the norm only
+        ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NT; k++) ss += part[1][k];
+        v = v * rsqrtf(ss / S + eps) * wn * (zz / (1.0f + __expf(-zz)));
+        out.f[(size_t)hv * S + t] = v;
+        if (out.q.q) quantize_block_warp(v, out.q, (hv * S + t) / 32, Hv * S / 32);
+    }
+}
+
+// The DeltaNet token kernel for S = 32, 64, 96 or 128 (larger S: the three kernels).
+static int gdn_token_ok(int S) { return S % 32 == 0 && S <= 128; }
+static void gdn_token(float *state, float *cs, const float *mixed, const float *w, const float *z, const float *beta_raw,
+                      const float *alpha_raw, const float *dt_bias, const float *ssm_a, const float *nw, const Act *out,
+                      int *count, int S, int Hk, int Hv, float eps, cudaStream_t st) {
+#define TOKEN(NT)                                                                                                   \
+    gdn_token_kernel<NT><<<Hv, GDN_TOKEN_THREADS, 0, st>>>(state, cs, mixed, w, z, beta_raw, alpha_raw, dt_bias, ssm_a, nw, \
+                                                           *out, count, Hk, Hv, eps)
+    switch (S / 32) {
+    case 1: TOKEN(1); break;
+    case 2: TOKEN(2); break;
+    case 3: TOKEN(3); break;
+    default: TOKEN(4); break;
+    }
+#undef TOKEN
+    KERNEL_CHECK();
+}
+
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy): the FFN's
 // activation after its gate and up mat-vecs. C twin: the loop in forward_cpu.
 __global__ void silu_mul_quant_kernel(Act h, const float *u, int n) {
@@ -3957,6 +4119,7 @@ typedef struct {
     float *gdn_z;          // (Hv*S) output gate
     float *gdn_beta, *gdn_alpha; // (Hv) raw projections
     float *gdn_gb;         // (2, Hv) g and beta
+    int *gdn_count;        // (Hk) counters of gdn_token_kernel
     float *gdn_raw;        // (Hv*S) delta-rule output before the gated norm
     Act gdn_out;           // (Hv*S) input of ssm_out
     float *conv_state;     // (n_gdn_layers, 3, conv_dim), followed directly by
@@ -4367,6 +4530,7 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
         CARVE(s->gdn_beta, float *, Hv * 4);
         CARVE(s->gdn_alpha, float *, Hv * 4);
         CARVE(s->gdn_gb, float *, 2 * Hv * 4);
+        CARVE(s->gdn_count, int *, c->ssm_k_heads * 4u);
         s->gdn_out = act_carve(&p, (int)vdim);
         s->conv_state = (float *)p; // the two states back to back, so one memset clears both
         s->ssm_state = (float *)(p + conv_bytes);
@@ -4517,6 +4681,14 @@ static void gdn_norm_gpu(const Model *m, GpuState *s, int l, cudaStream_t st) {
     KERNEL_CHECK();
 }
 
+static void gdn_token_gpu(const Model *m, GpuState *s, int l, cudaStream_t st) {
+    const Config *c = &m->c;
+    const LayerWeights *L = &m->w.layers[l];
+    gdn_token(gdn_ssm_state(c, s, l), gdn_conv_state(c, s, l), s->gdn_mixed, DEV(L->conv1d), s->gdn_z, s->gdn_beta,
+              s->gdn_alpha, DEV(L->dt_bias), DEV(L->ssm_a), DEV(L->ssm_norm), &s->gdn_out, s->gdn_count, c->ssm_state,
+              c->ssm_k_heads, c->ssm_v_heads, c->eps, st);
+}
+
 static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
@@ -4527,9 +4699,13 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     float *y[4] = {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha};
     PROF("gdn_proj", L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes,
          matvec_batch(4, W, nob, y, &s->xb, st));
-    PROF("gdn_conv", 0, gdn_conv_gpu(m, s, l, st));
-    PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(gdn_ssm_state(c, s, l), s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
-    PROF("gdn_norm", 0, gdn_norm_gpu(m, s, l, st));
+    if (gdn_token_ok(S)) { // conv, norms, gates, delta rule and gated norm in one launch
+        PROF("gdn_token", 8.0 * Hv * S * S, gdn_token_gpu(m, s, l, st));
+    } else {
+        PROF("gdn_conv", 0, gdn_conv_gpu(m, s, l, st));
+        PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(gdn_ssm_state(c, s, l), s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
+        PROF("gdn_norm", 0, gdn_norm_gpu(m, s, l, st));
+    }
     PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
 }
 
@@ -5237,14 +5413,15 @@ static void bench_matvecs(const Model *m, GpuState *s, double copy_bw) {
 // graph, launch gap included: the price of a launch that a fold into a neighbour would remove.
 static void bench_small_kernels(const Model *m, GpuState *s) {
     const Config *c = &m->c;
-    const char *kinds[] = {"rmsnorm", "gdn_conv", "gdn_step", "gdn_norm"};
+    const char *kinds[] = {"rmsnorm", "gdn_conv", "gdn_step", "gdn_norm", "gdn_token"};
     cudaStream_t st = s->stream;
     int E = c->n_embd;
     printf("\nthe other launches alone, each kind over all its layers in one graph (launch gaps included):\n");
     printf("  %-12s %6s %9s\n", "kind", "calls", "us/call");
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         int calls = 0;
         cudaGraph_t graph;
+        if (k == 4 && !gdn_token_ok(c->ssm_state)) continue;
         CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         for (int l = 0; l < c->n_layer; l++) {
             const LayerWeights *L = &m->w.layers[l];
@@ -5257,6 +5434,7 @@ static void bench_small_kernels(const Model *m, GpuState *s) {
             }
             if (c->kind[l] != LAYER_DELTANET) continue;
             if (k == 1) gdn_conv_gpu(m, s, l, st);
+            else if (k == 4) gdn_token_gpu(m, s, l, st);
             else if (k == 2)
                 gdn_step(gdn_ssm_state(c, s, l), s->gdn_mixed, s->gdn_gb, s->gdn_raw, c->ssm_state, c->ssm_k_heads,
                          c->ssm_v_heads, 1, st);

@@ -1934,11 +1934,13 @@ static void test_gpu_deltanet(void) {
     const int cfgs[2][3] = {{64, 2, 4}, {128, 4, 12}}; // S, Hk, Hv (the tiny fixture; the 27B's S)
     for (int ci = 0; ci < 2; ci++) {
         int S = cfgs[ci][0], Hk = cfgs[ci][1], Hv = cfgs[ci][2], conv_dim = (2 * Hk + Hv) * S, steps = 6;
-        char n1[160], n2[160], n3[160];
+        char n1[160], n2[160], n3[160], n4[200];
         snprintf(n1, sizeof n1, "gpu gdn_conv_norm (S=%d, Hk=%d, Hv=%d, %d steps) vs gdn_conv_c + l2norm_c: y, conv state", S, Hk, Hv, steps);
+        snprintf(n4, sizeof n4, "gpu gdn_token (S=%d, Hk=%d, Hv=%d, %d steps) vs gdn_conv_c, l2norm_c, gdn_step_c, gated_rmsnorm_c: "
+                 "outputs, 16-bit copy, state, conv state, counters", S, Hk, Hv, steps);
         snprintf(n2, sizeof n2, "gpu gdn_step (S=%d, %d steps) vs gdn_step_c: outputs and state", S, steps);
         snprintf(n3, sizeof n3, "gpu gdn_norm_gate (S=%d) vs gated_rmsnorm_c + quantize_block_c", S);
-        if (!HAVE_GPU) { skip(n1, "no GPU"); skip(n2, "no GPU"); skip(n3, "no GPU"); continue; }
+        if (!HAVE_GPU) { skip(n1, "no GPU"); skip(n2, "no GPU"); skip(n3, "no GPU"); skip(n4, "no GPU"); continue; }
         float *w = (float *)xmalloc(conv_dim * 16), *cs = (float *)xcalloc(3 * conv_dim, 4), *mixed = (float *)xmalloc(conv_dim * 4);
         float *y = (float *)xmalloc(conv_dim * 4), *got = (float *)xmalloc(conv_dim * 4);
         float braw[64], araw[64], dtb[64], a[64], gb[128], ggb[128];
@@ -1953,8 +1955,21 @@ static void test_gpu_deltanet(void) {
         CUDA_CHECK(cudaMalloc(&dmixed, conv_dim * 4)); CUDA_CHECK(cudaMalloc(&dgb, 2 * Hv * 4));
         CUDA_CHECK(cudaMalloc(&dO, Hv * S * 4)); CUDA_CHECK(cudaMalloc(&dz, Hv * S * 4));
         CUDA_CHECK(cudaMalloc(&dbraw, Hv * 4)); CUDA_CHECK(cudaMalloc(&daraw, Hv * 4));
-        double e1 = 0, e2 = 0, e3 = 0;
-        int same_q = 1;
+        double e1 = 0, e2 = 0, e3 = 0, e4 = 0;
+        int same_q = 1, same_q4 = 1, counts_zero = 1;
+        // the token kernel's own state, conv state and counters, fed the same inputs
+        float *dM4 = (float *)dcopy(M, (size_t)Hv * S * S * 4), *dcs4 = (float *)dcopy(cs, 3 * conv_dim * 4);
+        int *dcount, zeros[256] = {0}, hcount[256];
+        dcount = (int *)dcopy(zeros, Hk * 4);
+        Act out4;
+        out4.f = (float *)dcopy(z, 4); // reallocated below
+        cudaFree(out4.f);
+        CUDA_CHECK(cudaMalloc(&out4.f, Hv * S * 4));
+        {
+            HostXQ h0 = quantize_host(z, Hv * S); // shape only
+            out4.q = upload_xq(&h0);
+            free_hxq(&h0);
+        }
         for (int step = 0; step < steps; step++) {
             for (int i = 0; i < conv_dim; i++) mixed[i] = nrand();
             for (int h = 0; h < Hv; h++) { braw[h] = nrand(); araw[h] = nrand(); }
@@ -1970,7 +1985,20 @@ static void test_gpu_deltanet(void) {
             for (int h = 0; h < Hv; h++)
                 gdn_step_c(M + (size_t)h * S * S, y + (h % Hk) * S, y + (Hk + h % Hk) * S, y + (2 * Hk + h) * S, gb[h],
                            gb[Hv + h], o + h * S, S);
-            // GPU
+            // GPU: the token kernel first (the conv kernel below overwrites dmixed)
+            gdn_token(dM4, dcs4, dmixed, dw, dz, dbraw, daraw, ddtb, da, dnw, &out4, dcount, S, Hk, Hv, 1e-6f, 0);
+            {
+                float *ref4 = (float *)xmalloc(Hv * S * 4), *g4 = (float *)xmalloc(Hv * S * 4);
+                memcpy(ref4, o, Hv * S * 4);
+                for (int h = 0; h < Hv; h++) gated_rmsnorm_c(ref4 + h * S, z + h * S, nw, S, 1e-6f);
+                CUDA_CHECK(cudaMemcpy(g4, out4.f, Hv * S * 4, cudaMemcpyDeviceToHost));
+                for (int i = 0; i < Hv * S; i++) e4 = fmax(e4, fabs(g4[i] - ref4[i]) / (fabs(ref4[i]) + 1e-2));
+                HostXQ gq = download_xq(out4.q, Hv * S), wq = quantize_host(g4, Hv * S);
+                same_q4 &= same_xq(&gq, &wq);
+                CUDA_CHECK(cudaMemcpy(hcount, dcount, Hk * 4, cudaMemcpyDeviceToHost));
+                for (int h = 0; h < Hk; h++) counts_zero &= hcount[h] == 0;
+                free_hxq(&gq); free_hxq(&wq); free(ref4); free(g4);
+            }
             gdn_conv_norm_kernel<<<2 * Hk + Hv, S>>>(dmixed, dw, dcs, dbraw, daraw, ddtb, da, dgb, Hk, Hv, 1e-6f);
             gdn_step(dM, dmixed, dgb, dO, S, Hk, Hv, 1, 0);
             KERNEL_CHECK();
@@ -2003,6 +2031,12 @@ static void test_gpu_deltanet(void) {
         report(e1 <= 1e-5, n1, e1, 1e-5);
         report(e2 <= 1e-4, n2, e2, 1e-4);
         report(e3 <= 1e-4 && same_q, n3, e3, 1e-4);
+        CUDA_CHECK(cudaMemcpy(gcs, dcs4, 3 * conv_dim * 4, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(Mg, dM4, (size_t)Hv * S * S * 4, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < 3 * conv_dim; i++) e4 = fmax(e4, fabs(gcs[i] - cs[i]));
+        for (size_t i = 0; i < (size_t)Hv * S * S; i++) e4 = fmax(e4, fabs(Mg[i] - M[i]) / (fabs(M[i]) + 1e-2));
+        report(e4 <= 1e-4 && same_q4 && counts_zero, n4, e4, 1e-4);
+        cudaFree(dM4); cudaFree(dcs4); cudaFree(dcount); cudaFree(out4.f); free_xq(out4.q);
         free(gcs); free(w); free(cs); free(mixed); free(y); free(got); free(M); free(o); free(og); free(Mg); free(z);
         cudaFree(dw); cudaFree(dcs); cudaFree(dmixed); cudaFree(dgb); cudaFree(dM); cudaFree(dO); cudaFree(dz);
         cudaFree(dnw); cudaFree(dbraw); cudaFree(daraw); cudaFree(ddtb); cudaFree(da);
