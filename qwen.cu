@@ -3015,8 +3015,8 @@ __global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */, cons
 //   4. the gated RMSNorm of o and its 16-bit copy, as gdn_norm_gate_kernel.
 // The conv state of the v channels belongs to one block; that of the q and k channels is read by the
 // Hv/Hk blocks that share hk, so none may overwrite it before all have read it: each block counts
-// itself in after its reads (count[hk]), and the last to arrive writes the new window and resets
-// the count. No block waits for another, so any number of blocks may be resident.
+// itself in after its reads (count[hk]), and the last to arrive writes the new window at its end
+// and resets the count. No block waits for another, so any number of blocks may be resident.
 // Grid Hv, 1024 threads (S = 32 * NT, NT <= 4). C twins: gdn_conv_c, l2norm_c, the gates in
 // deltanet_block_cpu, gdn_step_c, gated_rmsnorm_c, quantize_block_c.
 #define GDN_TOKEN_THREADS 1024
@@ -3057,7 +3057,8 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         win1 = cs[conv_dim + ch];
         win2 = cs[2 * conv_dim + ch];
         win3 = mixed[ch];
-        float sum = win0 * w[4 * ch] + win1 * w[4 * ch + 1] + win2 * w[4 * ch + 2] + win3 * w[4 * ch + 3];
+        float4 tap = ((const float4 *)w)[ch];
+        float sum = win0 * tap.x + win1 * tap.y + win2 * tap.z + win3 * tap.w;
         float y = sum / (1.0f + __expf(-sum));
         (p == 0 ? qs : p == 1 ? ks : vs)[i] = y;
         if (p == 2) { // this head's own channels
@@ -3071,12 +3072,11 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         gate[0] = (x > 20.0f ? x : logf(1.0f + expf(x))) * ssm_a[hv]; // g, the log decay
         gate[1] = 1.0f / (1.0f + expf(-beta_raw[hv]));               // beta
     }
-    __syncthreads(); // every read of the conv state is done
+    __syncthreads(); // every read of the conv state is done: count this block in (its answer is
+    int arrived = 0; // waited for only at the end, so the round trip overlaps the delta rule)
     if (t == 0) {
         fence_acq_rel();
-        last = atomicAdd(&count[hk], 1) == Hv / Hk - 1;
-        if (last) count[hk] = 0; // all have arrived: ready for the next launch
-        fence_acq_rel();
+        arrived = atomicAdd(&count[hk], 1);
     }
     // ||q||^2 and ||k||^2: warp p < 2 sums part p
     if (wid < 2) {
@@ -3087,11 +3087,6 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         if (lane == 0) part[0][wid] = ss;
     }
     __syncthreads();
-    if (last && p < 2) { // the last block of k head hk writes its q and k channels' new window
-        cs[ch] = win1;
-        cs[conv_dim + ch] = win2;
-        cs[2 * conv_dim + ch] = win3;
-    }
     // 3. the delta rule (gdn_step_kernel's arithmetic, one token, 32 lanes per row)
     float qinv = 1.0f / fmaxf(sqrtf(part[0][0]), eps), kinv = 1.0f / fmaxf(sqrtf(part[0][1]), eps);
     float qq[C], kk[C], decay = __expf(gate[0]), beta = gate[1];
@@ -3134,17 +3129,35 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
             if (lane == r) os[j0 + r] = oq[r] * rsqrtf((float)S);
     }
     __syncthreads();
-    // 4. gated RMSNorm of o (warps 0 .. NT-1 hold its S values) and the 16-bit copy
+    // 4. gated RMSNorm of o (warps 0 .. NT-1 hold its S values) and the 16-bit copy; thread 0 learns
+    // whether this block was the last of k head hk to count in
+    float v = 0.0f;
     if (wid < NT) {
-        float v = os[t], ss = warp_sum(v * v);
+        v = os[t];
+        float ss = warp_sum(v * v);
         if (lane == 0) part[1][wid] = ss;
-        asm volatile("bar.sync 1, %0;" ::"r"(S)); // the NT warps of the norm only
-        ss = 0.0f;
+    }
+    if (t == 0) {
+        last = arrived == Hv / Hk - 1;
+        if (last) {
+            count[hk] = 0; // all have arrived: ready for the next launch
+            fence_acq_rel();
+        }
+    }
+    __syncthreads();
+    if (wid < NT) {
+        float ss = 0.0f;
 #pragma unroll
         for (int k = 0; k < NT; k++) ss += part[1][k];
         v = v * rsqrtf(ss / S + eps) * wn * (zz / (1.0f + __expf(-zz)));
         out.f[(size_t)hv * S + t] = v;
         if (out.q.q) quantize_block_warp(v, out.q, (hv * S + t) / 32, Hv * S / 32);
+    }
+    // 5. the last block of k head hk writes its q and k channels' new window
+    if (last && p < 2) {
+        cs[ch] = win1;
+        cs[conv_dim + ch] = win2;
+        cs[2 * conv_dim + ch] = win3;
     }
 }
 
