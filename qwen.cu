@@ -3005,8 +3005,9 @@ __global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */, cons
 }
 
 // One token of a DeltaNet layer between its in-projections and its out-projection, in one launch
-// (the three kernels above do the same in three; a token's prompt path still uses them). Block hv
-// takes v head hv and its k head hk = hv % Hk:
+// (the three kernels above do the same in three launches; they remain the path for S > 128, and a
+// prompt runs gdn_step_kernel between its row kernels). Block hv takes v head hv and its k head
+// hk = hv % Hk:
 //   1. its state (S x S, the kernel's bytes) requested first, S/32 rows per warp, lane l holding
 //      columns l, l + 32, ... (gdn_step_kernel's L = 32 layout);
 //   2. the conv + SiLU of its 3S channels (q and k of hk, v of hv), then the L2 norms of q and k
@@ -5422,7 +5423,8 @@ static void bench_matvecs(const Model *m, GpuState *s, double copy_bw) {
 }
 
 // The launches between the mat-vecs, per kind: one graph holds the kind's launches for every layer
-// (the RMSNorms: all 2 x layers + 1 of a token), replayed 5 times. What each costs inside the forward
+// (the RMSNorms: all 2 x layers + 1 of a token; gdn_token is what a DeltaNet layer runs, the three
+// before it what it replaced), replayed 5 times. What each costs inside the forward
 // graph, launch gap included: the price of a launch that a fold into a neighbour would remove.
 static void bench_small_kernels(const Model *m, GpuState *s) {
     const Config *c = &m->c;
