@@ -3013,7 +3013,8 @@ __global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */, cons
 //   2. the conv + SiLU of its 3S channels (q and k of hk, v of hv), then the L2 norms of q and k
 //      and the gates g, beta, as gdn_conv_norm_kernel;
 //   3. the delta rule, as gdn_step_kernel; o stays in shared memory;
-//   4. the gated RMSNorm of o and its 16-bit copy, as gdn_norm_gate_kernel.
+//   4. the gated RMSNorm of o and its 16-bit copy, as gdn_norm_gate_kernel;
+//   5. the new conv window of its channels (below).
 // The conv state of the v channels belongs to one block; that of the q and k channels is read by the
 // Hv/Hk blocks that share hk, so none may overwrite it before all have read it: each block counts
 // itself in after its reads (count[hk]), and the last to arrive writes the new window at its end
@@ -3079,7 +3080,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         fence_acq_rel();
         arrived = atomicAdd(&count[hk], 1);
     }
-    // ||q||^2 and ||k||^2: warp p < 2 sums part p
+    // ||q||^2 and ||k||^2: warp 0 sums q's squares, warp 1 k's
     if (wid < 2) {
         const float *v = wid ? ks : qs;
         float ss = 0.0f;
