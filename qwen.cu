@@ -2837,6 +2837,14 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
 
 // --- Gated DeltaNet (qwen35) ---------------------------------------------------------------------
 
+// v head hv's gates: g = softplus(alpha + dt_bias) * a (the log decay), beta = sigmoid(beta_raw).
+__device__ __forceinline__ void gdn_gates(int hv, const float *beta_raw, const float *alpha_raw, const float *dt_bias,
+                                          const float *ssm_a, float *g, float *beta) {
+    float x = alpha_raw[hv] + dt_bias[hv];
+    *g = (x > 20.0f ? x : logf(1.0f + expf(x))) * ssm_a[hv];
+    *beta = 1.0f / (1.0f + expf(-beta_raw[hv]));
+}
+
 // Finish channel *y of head block b of [q heads | k heads | v heads] after the conv: q and k heads
 // are L2-normalised, y / max(||y||, eps); thread 0 of a v head's block computes the head's gates
 //   g = softplus(alpha + dt_bias) * a  (the log decay),   beta = sigmoid(beta_raw).
@@ -2849,9 +2857,7 @@ __device__ void gdn_head_finish(float *y, int b, int Hk, int Hv, const float *be
         *y = v / fmaxf(sqrtf(ss), eps);
     } else if (threadIdx.x == 0) {
         int hv = b - 2 * Hk;
-        float x = alpha_raw[hv] + dt_bias[hv];
-        gb[hv] = (x > 20.0f ? x : logf(1.0f + expf(x))) * ssm_a[hv];
-        gb[Hv + hv] = 1.0f / (1.0f + expf(-beta_raw[hv]));
+        gdn_gates(hv, beta_raw, alpha_raw, dt_bias, ssm_a, &gb[hv], &gb[Hv + hv]);
     }
 }
 
@@ -2879,13 +2885,47 @@ __global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: p
     gdn_head_finish(&mixed[c], blockIdx.x, Hk, Hv, beta_raw, alpha_raw, dt_bias, ssm_a, gb, eps);
 }
 
+// One token of the gated delta rule on R state rows of which this lane holds C columns (the row's
+// other columns in the L - 1 lanes beside it, lg = lane % L), from this lane's columns qq, kk of
+// q and k and the rows' values vv:
+//   M = M * exp(g);  delta_j = beta * (v_j - M_j . k);  M_j += delta_j k;  oq_j = M_j . q
+// (oq before the 1/sqrt(S) scale), with oq_j through M'_j . q before the update, so that one
+// reduction over the L lanes sums M'_j . k, M'_j . q and k . q together (M' = M exp(g); oq_j =
+// M'_j . q + delta_j k . q). Used by gdn_step_kernel and gdn_token_kernel.
+template <int R, int C, int L>
+__device__ __forceinline__ void gdn_rule(float (&m)[R][C], const float *qq, const float *kk, const float *vv,
+                                         float decay, float beta, float *oq) {
+    float red[2 * R + 1]; // M'_j . k (r), M'_j . q (R + r), k . q (2R): this lane's part
+    red[2 * R] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < C; t++) red[2 * R] += kk[t] * qq[t];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        red[r] = red[R + r] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < C; t++) {
+            m[r][t] *= decay;
+            red[r] += m[r][t] * kk[t];
+            red[R + r] += m[r][t] * qq[t];
+        }
+    }
+#pragma unroll
+    for (int off = L / 2; off > 0; off /= 2) // the 2R + 1 butterflies over the row's L lanes, side by side
+#pragma unroll
+        for (int i = 0; i < 2 * R + 1; i++) red[i] += __shfl_xor_sync(0xffffffffu, red[i], off);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float delta = beta * (vv[r] - red[r]);
+        oq[r] = red[R + r] + delta * red[2 * R];
+#pragma unroll
+        for (int t = 0; t < C; t++) m[r][t] += delta * kk[t];
+    }
+}
+
 // The gated delta rule for T consecutive tokens. A state row (value index j, S floats) is held by L
 // lanes, S/L floats each, in registers from the first token to the last; a warp holds 32/L groups of
-// R rows, and a group's rows share the loads of q and k. Per token and row:
-//   M = M * exp(g);  delta_j = beta * (v_j - M_j . k);  M_j += delta_j k;  o_j = M_j . q / sqrt(S)
-// with o_j through M_j . q before the update, so that one reduction over the L lanes per token sums
-// M'_j . k, M'_j . q and k . q together (M' = M exp(g); o_j = M'_j . q + delta_j k . q). A single
-// token uses L = 32, R = 1 (the most blocks); a prompt L = 8 (16 when S > 128), R = 2: the
+// R rows, and a group's rows share the loads of q and k. Per token, gdn_rule, and o_j = oq_j /
+// sqrt(S). A single token uses L = 32, R = 1 (the most blocks); a prompt L = 8 (16 when S > 128), R = 2: the
 // reductions, log2(L) shuffle levels per value, are what a prompt's recurrence waits on.
 // Grid (Hv, S / (GDN_ROWS * 32/L * R)). C twin: gdn_step_c.
 #define GDN_ROWS 4 // warps per block
@@ -2930,31 +2970,8 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
         for (int r = 0; r < R; r++) vv[r] = vn[r];
         float decay = __expf(gn), beta = bn;
         if (tok + 1 < T) fetch(tok + 1);
-        float red[2 * R + 1], oq[R]; // M'_j . k (r), M'_j . q (R + r), k . q (2R): this lane's part
-        red[2 * R] = 0.0f;
-#pragma unroll
-        for (int t = 0; t < C; t++) red[2 * R] += kk[t] * qq[t];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            red[r] = red[R + r] = 0.0f;
-#pragma unroll
-            for (int t = 0; t < C; t++) {
-                m[r][t] *= decay;
-                red[r] += m[r][t] * kk[t];
-                red[R + r] += m[r][t] * qq[t];
-            }
-        }
-#pragma unroll
-        for (int off = L / 2; off > 0; off /= 2) // the 2R + 1 butterflies over the row's L lanes, side by side
-#pragma unroll
-            for (int i = 0; i < 2 * R + 1; i++) red[i] += __shfl_xor_sync(0xffffffffu, red[i], off);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            float delta = beta * (vv[r] - red[r]);
-            oq[r] = red[R + r] + delta * red[2 * R];
-#pragma unroll
-            for (int t = 0; t < C; t++) m[r][t] += delta * kk[t];
-        }
+        float oq[R];
+        gdn_rule<R, C, L>(m, qq, kk, vv, decay, beta, oq);
         if (lg < R) { // lane lg = r of the group writes row r (a register array indexed by a constant in each branch)
 #pragma unroll
             for (int r = 0; r < R; r++)
@@ -3069,11 +3086,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
             cs[2 * conv_dim + ch] = win3;
         }
     }
-    if (t == 0) {
-        float x = alpha_raw[hv] + dt_bias[hv];
-        gate[0] = (x > 20.0f ? x : logf(1.0f + expf(x))) * ssm_a[hv]; // g, the log decay
-        gate[1] = 1.0f / (1.0f + expf(-beta_raw[hv]));               // beta
-    }
+    if (t == 0) gdn_gates(hv, beta_raw, alpha_raw, dt_bias, ssm_a, &gate[0], &gate[1]);
     __syncthreads(); // every read of the conv state is done: count this block in (its answer is
     int arrived = 0; // waited for only at the end, so the round trip overlaps the delta rule)
     if (t == 0) {
@@ -3089,7 +3102,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         if (lane == 0) part[0][wid] = ss;
     }
     __syncthreads();
-    // 3. the delta rule (gdn_step_kernel's arithmetic, one token, 32 lanes per row)
+    // 3. the delta rule (gdn_rule, 32 lanes per row)
     float qinv = 1.0f / fmaxf(sqrtf(part[0][0]), eps), kinv = 1.0f / fmaxf(sqrtf(part[0][1]), eps);
     float qq[C], kk[C], decay = __expf(gate[0]), beta = gate[1];
 #pragma unroll
@@ -3097,34 +3110,12 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         qq[c] = qs[lane + 32 * c] * qinv;
         kk[c] = ks[lane + 32 * c] * kinv;
     }
-    float red[2 * R + 1], oq[R]; // M'_j . k (r), M'_j . q (R + r), k . q (2R): this lane's part
-    red[2 * R] = 0.0f;
+    float oq[R];
+    gdn_rule<R, C, WARP>(m, qq, kk, vs + j0, decay, beta, oq);
 #pragma unroll
-    for (int c = 0; c < C; c++) red[2 * R] += kk[c] * qq[c];
+    for (int r = 0; r < R; r++)
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        red[r] = red[R + r] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < C; c++) {
-            m[r][c] *= decay;
-            red[r] += m[r][c] * kk[c];
-            red[R + r] += m[r][c] * qq[c];
-        }
-    }
-#pragma unroll
-    for (int off = WARP / 2; off > 0; off /= 2)
-#pragma unroll
-        for (int k = 0; k < 2 * R + 1; k++) red[k] += __shfl_xor_sync(0xffffffffu, red[k], off);
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float delta = beta * (vs[j0 + r] - red[r]);
-        oq[r] = red[R + r] + delta * red[2 * R];
-#pragma unroll
-        for (int c = 0; c < C; c++) {
-            m[r][c] += delta * kk[c];
-            __stcs(&state[((size_t)hv * S + j0 + r) * S + lane + 32 * c], m[r][c]);
-        }
-    }
+        for (int c = 0; c < C; c++) __stcs(&state[((size_t)hv * S + j0 + r) * S + lane + 32 * c], m[r][c]);
     if (lane < R) {
 #pragma unroll
         for (int r = 0; r < R; r++)
