@@ -1962,8 +1962,6 @@ static void test_gpu_deltanet(void) {
         int *dcount, zeros[256] = {0}, hcount[256];
         dcount = (int *)dcopy(zeros, Hk * 4);
         Act out4;
-        out4.f = (float *)dcopy(z, 4); // reallocated below
-        cudaFree(out4.f);
         CUDA_CHECK(cudaMalloc(&out4.f, Hv * S * 4));
         {
             HostXQ h0 = quantize_host(z, Hv * S); // shape only
