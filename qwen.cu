@@ -1716,11 +1716,12 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 
 // IQ4_XS's 16 values, split into two tables of 8 so that a code's 3 low bits index a table and its
 // 4th bit picks one: A = kvalues[0..3, 8..11], B = kvalues[4..7, 12..15]. A[j] and B[j] have the
-// same sign, so X[j] = A[j] ^ B[j] has a clear top bit (what iq4_lookup8 needs). Bytes, low first:
+// same sign and B[j] > A[j], so D[j] = B[j] - A[j] is positive and fits in 7 bits (what
+// iq4_lookup8 needs). Bytes, low first:
 #define IQ4_A0 0xbfad9881 // A[0..3] = -127 -104 -83 -65
 #define IQ4_A1 0x26190d01 // A[4..7] =    1   13  25  38
-#define IQ4_X0 0x4947454e // A[0..3] ^ B[0..3], B = -49 -35 -22 -10
-#define IQ4_X1 0x57404834 // A[4..7] ^ B[4..7], B =  53  69  89 113
+#define IQ4_D0 0x373d454e // B[0..3] - A[0..3] = 78 69 61 55,  B = -49 -35 -22 -10
+#define IQ4_D1 0x4b403834 // B[4..7] - A[4..7] = 52 56 64 75,  B =  53  69  89 113
 // code of kvalues index idx (0..15): j = position in its table, bit 3 set for table A
 __host__ __device__ static inline int iq4_code(int idx) {
     int j = (idx & 3) | ((idx >> 3) << 2), in_b = (idx >> 2) & 1;
@@ -1927,8 +1928,13 @@ template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const WSub 
 // set, returns the sign of the picked byte spread over all 8 bits instead of the byte itself. With
 // the codes of iq4_code (bits 0-2: j, bit 3: from table A):
 //   a = prmt(A, code & 7) = A[j]
-//   e = prmt(X, code)     = X[j] = A[j] ^ B[j]  when bit 3 is clear,  0 (X[j] >= 0) when set
-//   a ^ e                 = B[j] or A[j]: the value, in 9 instructions per 8 weights.
+//   e = prmt(D, code)     = D[j] = B[j] - A[j]  when bit 3 is clear,  0 (D[j] >= 0) when set
+//   a + e                 = B[j] or A[j]: the value, in 9 instructions per 8 weights.
+// The sum is one 32-bit add for all four bytes: A[j] + D[j] = B[j] has A[j]'s sign, so no byte
+// carries into the next (a negative byte 0x80..0xff stays below 0x100, a positive one below 0x80).
+// An add rather than an xor leaves ptxas free to issue some of them on the FMA pipe (IMAD) instead
+// of the ALU pipe that the masks, shifts and prmt keep busy (27B IQ4_XS decode 0.3 % faster,
+// Qwen3-32B IQ4_XS 0.6 %; test/PERF_NOTES.md run 15).
 // prmt() and this function run on the host too (the CI tests check the tables against kvalues).
 __host__ __device__ __forceinline__ int prmt(int a, int b, int sel) {
 #ifdef __CUDA_ARCH__
@@ -1949,8 +1955,8 @@ __host__ __device__ __forceinline__ int prmt(int a, int b, int sel) {
 }
 __host__ __device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) {
     int m = w & 0x77777777;
-    *lo = prmt(IQ4_A0, IQ4_A1, m) ^ prmt(IQ4_X0, IQ4_X1, w);
-    *hi = prmt(IQ4_A0, IQ4_A1, m >> 16) ^ prmt(IQ4_X0, IQ4_X1, w >> 16);
+    *lo = (int)((uint32_t)prmt(IQ4_A0, IQ4_A1, m) + (uint32_t)prmt(IQ4_D0, IQ4_D1, w));
+    *hi = (int)((uint32_t)prmt(IQ4_A0, IQ4_A1, m >> 16) + (uint32_t)prmt(IQ4_D0, IQ4_D1, w >> 16));
 }
 
 // IQ4_XS: w = d * (ls - 32) * kvalues[q];  h.x, h.y = the super-block's header entry (d, 8 scales)
