@@ -852,6 +852,13 @@ typedef struct {
     int ssm_inner;            // Hv * S
 } Config;
 
+// Where the fast mat-vecs' units of a tensor lie in its device copy (the planes' step order,
+// section 6): upw = 0 row by row; else the units in the order of the streaming launch that reads
+// them, whose runs are upw units long and in whose stream the tensor's units are [first, first + units).
+typedef struct {
+    int upw, first, units;
+} StepOrder;
+
 // A tensor as the engine sees it: a 2-D weight of n_out rows by n_in elements (1-D vectors have
 // n_out = 1), its bytes in the mapped file and, once uploaded, on the device.
 typedef struct {
@@ -862,6 +869,7 @@ typedef struct {
     size_t nbytes;
     void *dev;             // same bytes in device memory, or NULL (host-only / not uploaded)
     int planes;            // 1: the device copy is in the plane layout of the fast mat-vecs (section 6)
+    StepOrder so;          // planes only: the order of their units (section 6; so.upw = 0: row by row)
 } Tensor;
 
 typedef struct {
@@ -1713,6 +1721,49 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 //               high 2 bits of element 16w + 4m + b;  sc plane (NB/8 x 16 int8);  d plane (NB/8 x fp16)
 //
 // repack_c is the C twin (used by the tests to check repack_kernel and nothing else).
+//
+// Step order. The streaming mat-vec (below) cuts a matrix into units of MV_ROWS rows x 32
+// sub-blocks (unit c = group c / cpr, chunk c % cpr, cpr = n_sub / 32) and gives every warp of the
+// grid a run of upw consecutive units; at step k of the launch, warp w reads the k-th unit of its run.
+// Row by row those units lie upw units apart, ~2000 places spread over the whole matrix at once;
+// DRAM streams them faster when they lie side by side (the 27B Q4_0 file 2.6-2.8 % faster a token,
+// Qwen3-32B Q4_0 2.3 %; test/PERF_NOTES.md run 15). So the matrices that a streaming launch reads
+// (gate and up, the DeltaNet in-projections, the output matrix, as the launches are planned at
+// load) are stored with the units in the order (step k, warp w), each unit's MV_ROWS rows of 32
+// sub-blocks together: g = (slot * MV_ROWS + r) * 32 + l for row r of the unit, sub-block l of its
+// chunk. Everything else about the planes is unchanged, per sub-block (g) and per super-block (g / 8).
+// Only matrices whose rows are whole chunks and whose row count is a multiple of MV_ROWS are stored so.
+#ifndef MV_ROWS
+#define MV_ROWS 4 // rows per unit of the streaming mat-vec: each activation load serves this many (measured best of 1, 2, 4)
+#endif
+// The slot of unit c of a tensor in step order. Its units are [F, G) of the launch's stream (F =
+// so.first, G = F + so.units); warps w0 = F / upw .. w1 = (G - 1) / upw read them, nw in all. Every
+// warp has steps 0 .. upw-1 of them but the first, which starts at k0 = F - w0 * upw, and the last,
+// which ends before k1 = G - w1 * upw. Slots go by step, then warp: the units of the steps before k
+// (nw each, less one for each step before k0 and one for each from k1 on), then the warps of step k
+// before w (the first warp has no step k < k0).
+typedef struct {
+    int w0, nw, k0, k1;
+} StepWarps;
+__host__ __device__ static inline StepWarps so_warps(StepOrder so) {
+    int w0 = so.first / so.upw, w1 = (so.first + so.units - 1) / so.upw;
+    StepWarps sw = {w0, w1 - w0 + 1, so.first - w0 * so.upw, so.first + so.units - w1 * so.upw};
+    return sw;
+}
+// the slot of the unit that warp w reads at step k
+__host__ __device__ static inline unsigned so_slot_kw(StepWarps sw, int k, int w) {
+    return (unsigned)(k * sw.nw - (k < sw.k0 ? k : sw.k0) - (k > sw.k1 ? k - sw.k1 : 0) + w - sw.w0 - (k < sw.k0));
+}
+__host__ __device__ static inline unsigned so_slot(StepOrder so, int c) {
+    int s = so.first + c;
+    return so_slot_kw(so_warps(so), s % so.upw, s / so.upw);
+}
+// The plane index g of sub-block u of row `row` (n_sub sub-blocks per row).
+__host__ __device__ static inline unsigned plane_g(StepOrder so, int row, int u, int n_sub) {
+    if (!so.upw) return (unsigned)row * n_sub + u;
+    int c = row / MV_ROWS * (n_sub / 32) + u / 32;
+    return (so_slot(so, c) * MV_ROWS + row % MV_ROWS) * 32 + u % 32;
+}
 
 // IQ4_XS's 16 values, split into two tables of 8 so that a code's 3 low bits index a table and its
 // 4th bit picks one: A = kvalues[0..3, 8..11], B = kvalues[4..7, 12..15]. A[j] and B[j] have the
@@ -1746,9 +1797,14 @@ static int is_fast_type(int t) {
     case GGML_TYPE_Q6_K: LAUNCH(GGML_TYPE_Q6_K); break;         \
     }
 
-// Repack file blocks [b0, b0+n) of a tensor with NB sub-blocks into the planes at dst.
-// A "block" is the file's block: 32 weights (Q4_0) or 256 (the others: 8 sub-blocks).
-__host__ __device__ static void repack_block(int type, const uint8_t *src, uint8_t *dst, size_t blk, size_t NB) {
+// Repack file block `blk` of a tensor with NB sub-blocks, n_sub per row, into the planes at dst, in
+// the order so. A "block" is the file's block: 32 weights (Q4_0) or 256 (the others: 8 sub-blocks,
+// which stay side by side in every order: rows are whole 32-sub-block chunks in step order).
+__host__ __device__ static void repack_block(int type, const uint8_t *src, uint8_t *dst, size_t file_blk, size_t NB,
+                                             StepOrder so, int n_sub) {
+    size_t g0 = type == GGML_TYPE_Q4_0 ? file_blk : 8 * file_blk; // its first sub-block, row by row
+    size_t blk = plane_g(so, (int)(g0 / n_sub), (int)(g0 % n_sub), n_sub);
+    if (type != GGML_TYPE_Q4_0) blk /= 8;                        // its place in the planes
     if (type == GGML_TYPE_Q4_0) {
         const block_q4_0 *b = (const block_q4_0 *)src;
         memcpy(dst + 16 * blk, b->qs, 16);
@@ -1804,14 +1860,14 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src, uint8
     }
 }
 
-static void repack_c(int type, const uint8_t *src, uint8_t *dst, size_t n_blocks, size_t NB) {
-    for (size_t i = 0; i < n_blocks; i++) repack_block(type, src + i * TYPE_TRAITS[type].type_size, dst, i, NB);
+static void repack_c(int type, const uint8_t *src, uint8_t *dst, size_t n_blocks, size_t NB, StepOrder so, int n_sub) {
+    for (size_t i = 0; i < n_blocks; i++) repack_block(type, src + i * TYPE_TRAITS[type].type_size, dst, i, NB, so, n_sub);
 }
 
 __global__ void repack_kernel(int type, int type_size, const uint8_t *src /* (n_blocks) file blocks */,
-                              uint8_t *dst, size_t b0, size_t n_blocks, size_t NB) {
+                              uint8_t *dst, size_t b0, size_t n_blocks, size_t NB, StepOrder so, int n_sub) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n_blocks) repack_block(type, src + i * type_size, dst, b0 + i, NB);
+    if (i < n_blocks) repack_block(type, src + i * type_size, dst, b0 + i, NB, so, n_sub);
 }
 
 // --- fast mat-vec: one 32-weight sub-block against one 16-bit activation block -------------------
@@ -2079,9 +2135,6 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 // read once, and L1 and L2 keep the input vector.
 //
 // C twin: matvec_xq_c per matrix.
-#ifndef MV_ROWS
-#define MV_ROWS 4 // rows per group: each activation load serves this many (measured best of 1, 2, 4)
-#endif
 #define MV_THREADS 256
 #ifndef MV_MIN_BLOCKS
 #define MV_MIN_BLOCKS 2 // blocks per SM the register budget is set for (__launch_bounds__): 128 registers
@@ -2097,6 +2150,8 @@ typedef struct {
     int first_unit[BATCH_MAX + 1];  // units of the stream before matrix m; first_unit[n]: all
     int n, accumulate;              // accumulate: y += W x (the residual adds)
     int upw;                        // units per warp run
+    StepOrder so[BATCH_MAX];        // the order of matrix m's planes (so.upw = 0: row by row; else
+                                    // this launch's: upw and first_unit[m], checked at the launch)
 } MvPlan;
 
 __device__ int d_mv_flag[MV_MAX_WARPS + 1];               // per shared group (by its first inner boundary): parts in
@@ -2156,6 +2211,18 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
     int lane = threadIdx.x % WARP, cpr = (n_sub + WARP - 1) / WARP, last_row = p.n_out[m] - 1;
     size_t NB = (size_t)p.n_out[m] * n_sub;
     int grp = c0 / cpr, kk = c0 % cpr, cut = kk != 0; // cut: the group began in an earlier run
+    // The plane index of row r of unit c = (grp, kk): row by row, or in step order, where this
+    // warp's unit c is its step k = c + first - warp * upw.
+    const int step = p.so[m].upw != 0;
+    StepWarps sw = {0, 0, 0, 0};
+    int k_of_c = 0;
+    if (step) {
+        sw = so_warps(p.so[m]);
+        k_of_c = p.first_unit[m] - warp * p.upw;
+    }
+#define MV_G(grp, kk, c, r)                                                             \
+    (step ? (so_slot_kw(sw, (c) + k_of_c, warp) * R + (r)) * WARP + lane               \
+          : (unsigned)min((grp) * R + (r), last_row) * n_sub + WARP * (kk) + lane)
     WSub w[R];
     float acc[R];
     {
@@ -2163,7 +2230,7 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 #pragma unroll
         for (int r = 0; r < R; r++) {
             acc[r] = 0.0f;
-            if (u < n_sub) w[r] = sub_load<TYPE>(W, (unsigned)min(grp * R + r, last_row) * n_sub + u, NB);
+            if (u < n_sub) w[r] = sub_load<TYPE>(W, MV_G(grp, kk, c0, r), NB);
         }
     }
     for (int c = c0; c < c1; c++) {
@@ -2175,11 +2242,11 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 #pragma unroll
             for (int r = 0; r < R; r++) { // multiply row r, then refill its registers with the next unit
                 acc[r] += sub_dot<TYPE>(w[r], u % 8, x);
-                if (more) w[r] = sub_load<TYPE>(W, (unsigned)min(ng * R + r, last_row) * n_sub + un, NB);
+                if (more) w[r] = sub_load<TYPE>(W, MV_G(ng, nk, c + 1, r), NB);
             }
         } else if (more) {
 #pragma unroll
-            for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (unsigned)min(ng * R + r, last_row) * n_sub + un, NB);
+            for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, MV_G(ng, nk, c + 1, r), NB);
         }
         if (nk == 0) { // the group's last chunk
 #pragma unroll
@@ -2198,6 +2265,7 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
         for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
         mv_rows_part<R>(p, m, grp, cpr, warp, acc);
     }
+#undef MV_G
 }
 
 // One kernel per type when all the matrices of a launch have one type (TYPE >= 0; gate/up, the
@@ -2238,14 +2306,24 @@ static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y)
     p->y[m] = y;
     p->type[m] = W->type;
     p->n_out[m] = (int)W->n_out;
+    p->so[m] = W->so;
     p->first_unit[m + 1] = p->first_unit[m] + groups * cpr;
+}
+
+// The plan's run length: the stream of units cut into equal runs over the grid's warps.
+static void mv_plan_runs(MvPlan *p) {
+    int total = p->first_unit[p->n], warps = mv_grid_blocks() * (MV_THREADS / WARP);
+    p->upw = (total + warps - 1) / warps;
 }
 
 // Launch the plan: runs of equal length over the grid's warps.
 static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     int n_sub = n_in / 32, total = p->first_unit[p->n];
-    int warps = mv_grid_blocks() * (MV_THREADS / WARP);
-    p->upw = (total + warps - 1) / warps;
+    mv_plan_runs(p);
+    for (int m = 0; m < p->n; m++) // planes in step order must be this launch's (step_order_plan)
+        if (p->so[m].upw && (p->so[m].upw != p->upw || p->so[m].first != p->first_unit[m] ||
+                             p->so[m].units != p->first_unit[m + 1] - p->first_unit[m]))
+            die("streaming mat-vec: matrix %d's planes are in the step order of another launch", m);
     int used = (total + p->upw - 1) / p->upw, wpb = MV_THREADS / WARP, blocks = (used + wpb - 1) / wpb;
     int type = p->type[0];
     for (int m = 1; m < p->n; m++)
@@ -3227,6 +3305,7 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
             matvec_stream(&p, in->q, n_in, st);
             return;
         }
+        if (W->so.upw) die("mat-vec '%s': planes in step order, but the launch does not stream", W->name);
         // Rows longer than one pass of the block (the FFN down projections) take half the rows per
         // block, all loads first: twice the blocks, since each one walks its rows pass after pass.
         // One-pass rows of Q4_0 too (its arithmetic is short, so the loads are what a block waits
@@ -3279,6 +3358,7 @@ static void matvec_batch(int n, const Tensor *const *W, const float *const *bias
     memset(&b, 0, sizeof b);
     b.n = n;
     for (int i = 0; i < n; i++) {
+        if (W[i]->so.upw) die("mat-vec '%s': planes in step order, but the launch does not stream", W[i]->name);
         b.w[i] = (const uint8_t *)W[i]->dev;
         b.bias[i] = bias[i];
         b.y[i] = y[i];
@@ -3398,10 +3478,11 @@ __host__ __device__ static float row_scale(float amax) {
 // --- weight tiles: one 32-weight unit as fp16 -------------------------------------------------------
 // The 32 weights of unit u of a weight row as fp16 (the C twin: mm_weight_row), in two steps so that
 // the product can have the loads of the next tile in flight while it multiplies the current one:
-//   w_load<TYPE>(W, row, u, n_in, NB) -> WRaw   the unit's bytes: 16 of quants, the scales
-//   w_decode<TYPE>(raw, out)                     32 fp16 weights
-// GGML_TYPE_F16 reads fp16 rows (the fp16 copy of a weight without planes: 64 bytes); the fast types
-// read their planes (layout in section 6), sub-block g = row * n_sub + u.
+//   w_load<TYPE>(W, row, u, g, n_in, NB) -> WRaw   the unit's bytes: 16 of quants, the scales
+//   w_decode<TYPE>(raw, out)                        32 fp16 weights
+// GGML_TYPE_F16 reads fp16 rows (the fp16 copy of a weight without planes: 64 bytes, unit u of
+// row `row`); the fast types read their planes (layout in section 6) at sub-block g, the plane
+// index of (row, u): row * n_sub + u, or its step-order slot (plane_g).
 //
 // The decode works on pairs of fp16 (half2), with no int -> float conversion: a small integer c
 // (0..255) becomes an fp16 by writing it under the exponent of 1024, whose ulp is 1,
@@ -3417,7 +3498,7 @@ __host__ __device__ static float row_scale(float amax) {
 
 typedef struct { uint4 q, e, f, g; } WRaw; // q: quants (F16: all four are values), e: scales
 
-template <int TYPE> __device__ WRaw w_load(const uint8_t *W, int row, int u, int n_in, size_t NB);
+template <int TYPE> __device__ WRaw w_load(const uint8_t *W, int row, int u, size_t g, int n_in, size_t NB);
 template <int TYPE> __device__ void w_decode(const WRaw &r, __half *out);
 
 // Bytes 0, 1 (sel 0x5140) or 2, 3 (sel 0x5342) of c as the fp16 pair 1024 + c, minus 1024 + o.
@@ -3436,7 +3517,7 @@ __device__ __forceinline__ void put8(__half *out, int k, uint32_t lo, uint32_t h
     o[8 + 2 * k + 1] = __hmul2(small_ints_h2(hi, 0x5342, off), sc_hi);
 }
 
-template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_F16>(const uint8_t *W, int row, int u, int n_in, size_t) {
+template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_F16>(const uint8_t *W, int row, int u, size_t, int n_in, size_t) {
     const uint4 *src = (const uint4 *)((const __half *)W + (size_t)row * n_in + 32 * u);
     return WRaw{src[0], src[1], src[2], src[3]};
 }
@@ -3446,8 +3527,7 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_F16>(const WRaw &
 }
 
 // Q4_0: e.x = d. Word k of q: low nibbles = elements 4k..4k+3, high nibbles = 16+4k..
-template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_0>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
-    size_t g = (size_t)row * (n_in / 32) + u;
+template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_0>(const uint8_t *W, int, int, size_t g, int, size_t NB) {
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
     r.e.x = __ldg((const uint16_t *)(W + 16 * NB) + g);
@@ -3465,8 +3545,7 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_0>(const WRaw 
 }
 
 // IQ4_XS: e.x, e.y = the super-block's header entry (d, 8 scales), e.z = the sub-block (0..7)
-template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
-    size_t g = (size_t)row * (n_in / 32) + u;
+template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, int, int, size_t g, int, size_t NB) {
     uint2 hdr = __ldg((const uint2 *)(W + 16 * NB) + g / 8); // the super-block's 8 header bytes at once
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
@@ -3487,8 +3566,7 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_IQ4_XS>(const WRa
 }
 
 // Q5_K: e.x = the 32 high bits (bit j: element j), e.y = d * sc, e.z = dmin * m (fp32 bits, exact)
-template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
-    size_t g = (size_t)row * (n_in / 32) + u;
+template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, int, int, size_t g, int, size_t NB) {
     uint4 h = __ldg((const uint4 *)(W + 20 * NB + 16 * (g / 8))); // d, dmin, scales[12]
     int sc, m;
     k_scale_min_words((int)(g % 8), h.y, h.z, h.w, &sc, &m);
@@ -3523,8 +3601,7 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_K>(const WRaw 
 
 // Q6_K: e.x / e.y = the 2-bit highs of elements 0..15 / 16..31 (byte j%4, bits 2*((j%16)/4)),
 // e.z / e.w = d * sc of each half (fp32 bits, exact)
-template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t *W, int row, int u, int n_in, size_t NB) {
-    size_t g = (size_t)row * (n_in / 32) + u;
+template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t *W, int, int, size_t g, int, size_t NB) {
     int sub = (int)(g % 8);
     uint2 hi = __ldg((const uint2 *)(W + 16 * NB) + g);
     const int8_t *sc = (const int8_t *)(W + 24 * NB + 16 * (g / 8) + 2 * sub);
@@ -3605,6 +3682,7 @@ template <int TYPE>
 __global__ void __launch_bounds__(MM_THREADS, 2)
 matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n_out, n_in)
               size_t NB,         // sub-blocks in the planes
+              StepOrder so,      // the planes' order (section 6)
               ActH x,            // (T, x.ld) input rows
               float *y,          // (T, ldy) output
               float *part,       // (gridDim.x, 2, MM_TT, MM_TN) partial sums of cut tiles
@@ -3628,6 +3706,18 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
     WRaw wr;
     int t0, n0, n;
     const uint4 *xp[4]; // this thread's X chunks of the next step to fetch (rows + 32 i), moved on by fetch
+    // the plane index of unit u of row n: row by row, or in step order, where the 32 units of a
+    // chunk lie side by side and only a new chunk's place is computed (plane_g's divisions)
+    int g_chunk = -1;
+    size_t g_base = 0;
+    auto plane_index = [&](int u) -> size_t {
+        if (!so.upw) return (size_t)n * n_units + u;
+        if (u / 32 != g_chunk) {
+            g_chunk = u / 32;
+            g_base = plane_g(so, n, 32 * g_chunk, n_units);
+        }
+        return g_base + u % 32;
+    };
     // fetch: the bytes of step `step` into registers (called for consecutive steps)
     auto fetch = [&](int step) {
         if (2 * step + xc / 4 < n_units) {
@@ -3639,7 +3729,7 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) xp[i] += 8; // 64 halves
-        if (2 * step + lu < n_units) wr = w_load<TYPE>(W, n, 2 * step + lu, n_in, NB);
+        if (2 * step + lu < n_units) wr = w_load<TYPE>(W, n, 2 * step + lu, plane_index(2 * step + lu), n_in, NB);
     };
     // stash: decode the weights and store both to shared-memory buffer buf
     auto stash = [&](int step, int buf) {
@@ -3662,6 +3752,7 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
         s += k1 - k0;
         t0 = tile % n_tt * MM_TT, n0 = tile / n_tt * MM_TN;
         n = min(n0 + lr, n_out - 1);
+        g_chunk = -1;
 #pragma unroll
         for (int i = 0; i < 4; i++) xp[i] = (const uint4 *)(x.h + (size_t)min(t0 + xrow + 32 * i, T - 1) * x.ld) + 8 * k0 + xc;
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
@@ -4403,6 +4494,48 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
             h.bpw, n_ctx, h.bpw_fit);
 }
 
+// The step order of the planes (section 6): for every streaming launch of a token, as matvec and
+// matvec_batch will plan it, the order of its matrices' units, set before they are uploaded. A
+// launch's matrices are the ones forward_gpu_enqueue gives it (a change there must be made here too:
+// matvec_stream checks every launch's matrices against the order they were stored in).
+static void step_order_group(int n, Tensor *const *W) {
+    int all_fast = 1;
+    for (int i = 0; i < n; i++) all_fast &= is_fast_type(W[i]->type);
+    if (!all_fast) { // matvec_batch runs them one by one
+        for (int i = 0; i < n; i++)
+            if (is_fast_type(W[i]->type)) step_order_group(1, &W[i]);
+        return;
+    }
+    MvPlan p;
+    memset(&p, 0, sizeof p);
+    for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], NULL, NULL);
+    if (!mv_use_stream(&p, (int)W[0]->n_in)) return;
+    mv_plan_runs(&p);
+    for (int i = 0; i < n; i++)
+        if (W[i]->n_in % (32 * WARP) == 0 && W[i]->n_out % MV_ROWS == 0) // rows of whole chunks, whole units
+            W[i]->so = StepOrder{p.upw, p.first_unit[i], p.first_unit[i + 1] - p.first_unit[i]};
+}
+static void step_order_plan(Model *m) {
+    Weights *w = &m->w;
+    for (int l = 0; l < m->c.n_layer; l++) {
+        LayerWeights *L = &w->layers[l];
+        if (m->c.kind[l] == LAYER_DELTANET) {
+            Tensor *proj[4] = {&L->wqkv, &L->wz, &L->w_beta, &L->w_alpha}, *out = &L->ssm_out;
+            step_order_group(4, proj);
+            step_order_group(1, &out);
+        } else {
+            Tensor *qkv[3] = {&L->wq, &L->wk, &L->wv}, *out = &L->wo;
+            step_order_group(3, qkv);
+            step_order_group(1, &out);
+        }
+        Tensor *gate_up[2] = {&L->w_gate, &L->w_up}, *down = &L->w_down;
+        step_order_group(2, gate_up);
+        step_order_group(1, &down);
+    }
+    Tensor *out = &w->output;
+    step_order_group(1, &out);
+}
+
 // Copy every weight the GPU needs into one device allocation, through a pinned staging buffer
 // (two halves, so reading the file overlaps the copy to the card). The four fast types are copied
 // into a device staging buffer first and rewritten there into their plane layout (repack_kernel).
@@ -4410,6 +4543,7 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
 static void upload_weights(Model *m, GpuState *s) {
     static Tensor *list[16 + MAX_LAYERS * 24];
     int n = gpu_weight_list(m, list);
+    step_order_plan(m);
     size_t total = 0;
     for (int i = 0; i < n; i++) total += ALIGN256(list[i]->nbytes);
     CUDA_CHECK(cudaMalloc(&s->weights, total));
@@ -4447,7 +4581,7 @@ static void upload_weights(Model *m, GpuState *s) {
                 CUDA_CHECK(cudaMemcpyAsync(dev_stage[half], stage + half * chunk, nb, cudaMemcpyHostToDevice, s->stream));
                 size_t nblk = nb / tsz;
                 repack_kernel<<<(unsigned)((nblk + 255) / 256), 256, 0, s->stream>>>(
-                    t->type, (int)tsz, dev_stage[half], (uint8_t *)t->dev, done_b / tsz, nblk, NB);
+                    t->type, (int)tsz, dev_stage[half], (uint8_t *)t->dev, done_b / tsz, nblk, NB, t->so, (int)(t->n_in / 32));
                 KERNEL_CHECK();
             } else {
                 CUDA_CHECK(cudaMemcpyAsync((uint8_t *)t->dev + done_b, stage + half * chunk, nb,
@@ -4799,7 +4933,7 @@ static int mm_resident(int type) {
 // The tensor-core product of weights w (planes of a fast type, or fp16 rows): matmul_kernel on a
 // grid of the blocks that fit on the GPU (no more than there are steps, nor than s->bpart has slots
 // for), then matmul_fixup_kernel for the tiles cut between blocks.
-static void matmul_tc(int type, const uint8_t *w, size_t NB, const ActH *x, int T, float *y, int ldy, const float *bias,
+static void matmul_tc(int type, const uint8_t *w, size_t NB, StepOrder so, const ActH *x, int T, float *y, int ldy, const float *bias,
                       int n_in, int n_out, int accumulate, GpuState *s) {
     cudaStream_t st = s->stream;
     int n_tiles = ((T + MM_TT - 1) / MM_TT) * ((n_out + MM_TN - 1) / MM_TN), n_steps = (n_in / 32 + 1) / 2;
@@ -4811,7 +4945,7 @@ static void matmul_tc(int type, const uint8_t *w, size_t NB, const ActH *x, int 
     if (G > (long long)(s->part_elems / (2 * MM_SLOT))) G = (long long)(s->part_elems / (2 * MM_SLOT));
     if (G < 1) G = 1; // one block cuts no tile: part is never written
     switch (type) {
-#define MM(TY) case TY: matmul_kernel<TY><<<(unsigned)G, MM_THREADS, MM_SMEM, st>>>(w, NB, *x, y, s->bpart, ldy, bias, T, n_in, n_out, accumulate); break
+#define MM(TY) case TY: matmul_kernel<TY><<<(unsigned)G, MM_THREADS, MM_SMEM, st>>>(w, NB, so, *x, y, s->bpart, ldy, bias, T, n_in, n_out, accumulate); break
     MM(GGML_TYPE_F16); MM(GGML_TYPE_Q4_0); MM(GGML_TYPE_IQ4_XS); MM(GGML_TYPE_Q5_K); MM(GGML_TYPE_Q6_K);
 #undef MM
     default: die("matmul_tc: type %s", type_name(type));
@@ -4842,7 +4976,7 @@ static void matmul(const Tensor *W, const ActH *x, int T, float *y, int ldy, con
     }
     if (W->planes) {
         size_t NB = (size_t)n_out * (n_in / 32);
-        matmul_tc(W->type, w, NB, x, T, y, ldy, bias, n_in, n_out, accumulate, s);
+        matmul_tc(W->type, w, NB, W->so, x, T, y, ldy, bias, n_in, n_out, accumulate, s);
         return;
     }
     int rows = (int)(s->wscratch_elems / n_in);
@@ -4860,7 +4994,7 @@ static void matmul(const Tensor *W, const ActH *x, int T, float *y, int ldy, con
         default: die("prefill: no GPU path for type %s (tensor '%s')", type_name(W->type), W->name);
         }
         KERNEL_CHECK();
-        matmul_tc(GGML_TYPE_F16, (const uint8_t *)s->wscratch, 0, x, T, y + r0, ldy, bias ? bias + r0 : NULL, n_in, nr,
+        matmul_tc(GGML_TYPE_F16, (const uint8_t *)s->wscratch, 0, StepOrder{0, 0, 0}, x, T, y + r0, ldy, bias ? bias + r0 : NULL, n_in, nr,
                   accumulate, s);
     }
 }

@@ -337,7 +337,7 @@ static void test_iq4_planes(void) {
     float want[256];
     dequant_row(GGML_TYPE_IQ4_XS, (const uint8_t *)&b, want, 256);
     uint8_t planes[8 * 16 + 8];
-    repack_c(GGML_TYPE_IQ4_XS, (const uint8_t *)&b, planes, 1, 8);
+    repack_c(GGML_TYPE_IQ4_XS, (const uint8_t *)&b, planes, 1, 8, StepOrder{0, 0, 0}, 8);
     uint32_t hdr[2];
     memcpy(hdr, planes + 8 * 16, 8); // the header plane entry: d, then the 8 scales
     bad = (hdr[0] & 0xffff) != b.d;
@@ -355,6 +355,75 @@ static void test_iq4_planes(void) {
         }
     }
     check(bad == 0, "IQ4_XS planes (repack_c) + iq4_lookup8 give the file's 256 values");
+}
+
+// The planes' step order (qwen.cu section 6) on the host: so_slot puts every unit of a tensor in
+// a slot of its own, in the order (step, warp) of the launch, for runs and tensor bounds of every
+// kind; and repack_c in step order holds each sub-block's bytes (quants and every per-type plane)
+// at plane_g(row, u), the same bytes as row by row at row * n_sub + u.
+// The bytes of sub-block g in every plane of a tensor with NB sub-blocks, concatenated.
+static int plane_record(int type, const uint8_t *p, size_t NB, size_t g, uint8_t *rec) {
+    int n = 0;
+    memcpy(rec + n, p + 16 * g, 16), n += 16;
+    switch (type) {
+    case GGML_TYPE_Q4_0: memcpy(rec + n, p + 16 * NB + 2 * g, 2), n += 2; break;
+    case GGML_TYPE_IQ4_XS: memcpy(rec + n, p + 16 * NB + 8 * (g / 8), 8), n += 8; break;
+    case GGML_TYPE_Q5_K:
+        memcpy(rec + n, p + 16 * NB + 4 * g, 4), n += 4;
+        memcpy(rec + n, p + 20 * NB + 16 * (g / 8), 16), n += 16;
+        break;
+    case GGML_TYPE_Q6_K:
+        memcpy(rec + n, p + 16 * NB + 8 * g, 8), n += 8;
+        memcpy(rec + n, p + 24 * NB + 16 * (g / 8), 16), n += 16;
+        memcpy(rec + n, p + 26 * NB + 2 * (g / 8), 2), n += 2;
+        break;
+    }
+    rec[n++] = (uint8_t)(g % 8); // the place in its super-block (the sub-block's scale index)
+    return n;
+}
+static void random_row(int type, uint8_t *dst, int64_t n_in); // random blocks of a type (below)
+static void test_step_order(void) {
+    int bad = 0, cases = 0;
+    for (int upw = 1; upw <= 9; upw++)
+        for (int F = 0; F < 30; F++)
+            for (int U = 1; U < 50; U++, cases++) {
+                StepOrder so = {upw, F, U};
+                char *seen = (char *)calloc(U, 1);
+                unsigned prev = 0;
+                for (int k = 0, first = 1; k < upw; k++) // by step, then warp: slots 0, 1, 2, ...
+                    for (int w = F / upw; w <= (F + U - 1) / upw; w++) {
+                        int c = w * upw + k - F;
+                        if (c < 0 || c >= U) continue;
+                        unsigned q = so_slot(so, c);
+                        bad += q >= (unsigned)U || seen[q] || (!first && q != prev + 1) || (first && q != 0);
+                        if (q < (unsigned)U) seen[q] = 1;
+                        prev = q, first = 0;
+                    }
+                free(seen);
+            }
+    report(bad == 0, "step order: so_slot is a bijection in (step, warp) order (13230 run layouts)", bad, 0);
+    (void)cases;
+    const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    bad = 0;
+    for (int ti = 0; ti < 4; ti++) {
+        int type = types[ti], n_in = 2048, n_out = 24, n_sub = n_in / 32;
+        size_t rb = row_bytes(type, n_in), NB = (size_t)n_sub * n_out, nblk = rb * n_out / TYPE_TRAITS[type].type_size;
+        uint8_t *w = (uint8_t *)xmalloc(rb * n_out), *rows = (uint8_t *)xmalloc(rb * n_out), *steps = (uint8_t *)xmalloc(rb * n_out);
+        for (int r = 0; r < n_out; r++) random_row(type, w + r * rb, n_in);
+        StepOrder so = {5, 3, n_out / MV_ROWS * (n_sub / 32)}; // 12 units from unit 3 of runs of 5
+        repack_c(type, w, rows, nblk, NB, StepOrder{0, 0, 0}, n_sub);
+        repack_c(type, w, steps, nblk, NB, so, n_sub);
+        for (int r = 0; r < n_out; r++)
+            for (int u = 0; u < n_sub; u++) {
+                uint8_t a[64], b[64];
+                int na = plane_record(type, rows, NB, (size_t)r * n_sub + u, a);
+                int nb = plane_record(type, steps, NB, plane_g(so, r, u, n_sub), b);
+                bad += na != nb || memcmp(a, b, na);
+            }
+        bad += plane_g(so, 0, 0, n_sub) == 0; // unit 0 is warp 0's step 3: not slot 0 (the order is not the identity)
+        free(w); free(rows); free(steps);
+    }
+    report(bad == 0, "step order: repack_c's planes hold every sub-block at plane_g (4 fast types)", bad, 0);
 }
 
 // =================================================================================================
@@ -1436,11 +1505,13 @@ static int upload_like_engine(Tensor *W) {
     size_t tsz = TYPE_TRAITS[W->type].type_size, nblk = W->nbytes / tsz, NB = (size_t)(W->n_in / 32) * W->n_out;
     uint8_t *planes;
     CUDA_CHECK(cudaMalloc(&planes, W->nbytes));
-    repack_kernel<<<(unsigned)((nblk + 255) / 256), 256>>>(W->type, (int)tsz, (const uint8_t *)W->dev, planes, 0, nblk, NB);
+    int n_sub = (int)(W->n_in / 32);
+    repack_kernel<<<(unsigned)((nblk + 255) / 256), 256>>>(W->type, (int)tsz, (const uint8_t *)W->dev, planes, 0, nblk, NB,
+                                                          W->so, n_sub);
     KERNEL_CHECK();
     uint8_t *got = (uint8_t *)xmalloc(W->nbytes), *want = (uint8_t *)xmalloc(W->nbytes);
     CUDA_CHECK(cudaMemcpy(got, planes, W->nbytes, cudaMemcpyDeviceToHost));
-    repack_c(W->type, W->host, want, nblk, NB);
+    repack_c(W->type, W->host, want, nblk, NB, W->so, n_sub);
     int same = !memcmp(got, want, W->nbytes);
     free(got); free(want);
     cudaFree(W->dev);
@@ -2055,6 +2126,101 @@ static void make_rows(const float *x, int T, int n, uint16_t *X, float *s) {
     }
 }
 
+// Planes in step order on the GPU: two matrices streamed in one launch (as gate and up), stored in
+// the order of that launch's reads (step_order_group), against matvec_xq_c; then the prefill product
+// reading the second one's planes, against matmul_c. Sizes: runs of several units, the second
+// matrix starting inside a warp's run.
+static void test_gpu_step_order(void) {
+    const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    for (int ti = 0; ti < 4; ti++) {
+        int type = types[ti];
+        char name[160], name2[160];
+        snprintf(name, sizeof name, "gpu step-order planes %s: streaming mat-vec of 2 matrices vs matvec_xq_c: |d|/sum|wx|",
+                 type_name(type));
+        snprintf(name2, sizeof name2, "gpu step-order planes %s: prefill product vs matmul_c: |d|/sum|wx|", type_name(type));
+        if (!HAVE_GPU) { skip(name, "no GPU"); skip(name2, "no GPU"); continue; }
+        int saved = g_mv_mode;
+        g_mv_mode = MV_STREAM;
+        const int n_in = 2048, warps = mv_grid_blocks() * (MV_THREADS / WARP);
+        const int n_out[2] = {MV_ROWS * (2 * warps + 7), MV_ROWS * (warps + 5)}; // ~3 units a run
+        size_t rb = row_bytes(type, n_in);
+        Tensor W[2];
+        uint8_t *w[2];
+        for (int i = 0; i < 2; i++) {
+            w[i] = (uint8_t *)xmalloc(rb * n_out[i]);
+            for (int r = 0; r < n_out[i]; r++) random_row(type, w[i] + r * rb, n_in);
+            W[i] = Tensor{"test", type, n_in, n_out[i], w[i], rb * n_out[i], NULL, 0};
+        }
+        Tensor *WW[2] = {&W[0], &W[1]};
+        step_order_group(2, WW);
+        int ordered = W[0].so.upw > 1 && W[1].so.upw > 1 && W[1].so.first % W[1].so.upw != 0;
+        int repack_ok = upload_like_engine(&W[0]) & upload_like_engine(&W[1]);
+        float *x = (float *)xmalloc(n_in * 4);
+        random_act(x, n_in);
+        HostXQ hq = quantize_host(x, n_in);
+        Act act;
+        memset(&act, 0, sizeof act);
+        act.f = (float *)dcopy(x, n_in * 4);
+        act.q = upload_xq(&hq);
+        float *dy[2], *y = (float *)xmalloc(n_out[0] * 4), *ref = (float *)xmalloc(n_out[0] * 4);
+        float *row = (float *)xmalloc(n_in * 4);
+        double *scale = (double *)xmalloc(n_out[0] * sizeof(double));
+        for (int i = 0; i < 2; i++) CUDA_CHECK(cudaMalloc(&dy[i], n_out[i] * 4));
+        const Tensor *Wc[2] = {&W[0], &W[1]};
+        const float *nob[2] = {NULL, NULL};
+        matvec_batch(2, Wc, nob, dy, &act, 0);
+        double worst = 0;
+        for (int i = 0; i < 2; i++) {
+            CUDA_CHECK(cudaMemcpy(y, dy[i], n_out[i] * 4, cudaMemcpyDeviceToHost));
+            matvec_xq_c(&W[i], hq.H, hq.L, hq.s, NULL, ref, 0, row);
+            for (int r = 0; r < n_out[i]; r++) {
+                dequant_row(type, w[i] + r * rb, row, n_in);
+                double sa = 0;
+                for (int k = 0; k < n_in; k++) sa += fabs((double)row[k] * x[k]);
+                scale[r] = sa;
+            }
+            worst = fmax(worst, max_rel_err(y, ref, scale, n_out[i]));
+        }
+        report(ordered && repack_ok && worst <= 1e-5, name, ordered && repack_ok ? worst : INFINITY, 1e-5);
+        // the prefill product over the second matrix's planes (it starts inside a run)
+        const int T = 9;
+        float *xt = (float *)xmalloc((size_t)T * n_in * 4), *xs = (float *)xmalloc(T * 4);
+        uint16_t *X = (uint16_t *)xmalloc((size_t)T * n_in * 2);
+        random_act(xt, T * n_in);
+        make_rows(xt, T, n_in, X, xs);
+        float *pref = (float *)xmalloc((size_t)T * n_out[1] * 4), *got = (float *)xmalloc((size_t)T * n_out[1] * 4);
+        double *pscale = (double *)xmalloc((size_t)T * n_out[1] * sizeof(double));
+        memset(pref, 0, (size_t)T * n_out[1] * 4);
+        matmul_c(&W[1], X, xs, xt, n_in, T, pref, n_out[1], NULL, 0, row);
+        for (int n = 0; n < n_out[1]; n++) {
+            dequant_row(type, w[1] + n * rb, row, n_in);
+            for (int t = 0; t < T; t++) {
+                double sa = 0;
+                for (int k = 0; k < n_in; k++) sa += fabs((double)row[k] * xt[(size_t)t * n_in + k]);
+                pscale[(size_t)t * n_out[1] + n] = sa;
+            }
+        }
+        GpuState s;
+        memset(&s, 0, sizeof s);
+        s.part_elems = 2 * MM_SLOT * (size_t)mm_resident(-1);
+        CUDA_CHECK(cudaMalloc(&s.bpart, s.part_elems * 4));
+        ActH a = {(__half *)dcopy(X, (size_t)T * n_in * 2), (float *)dcopy(xs, T * 4), n_in,
+                  (float *)dcopy(xt, (size_t)T * n_in * 4)};
+        float *dp;
+        CUDA_CHECK(cudaMalloc(&dp, (size_t)T * n_out[1] * 4));
+        CUDA_CHECK(cudaMemset(dp, 0, (size_t)T * n_out[1] * 4));
+        matmul(&W[1], &a, T, dp, n_out[1], NULL, 0, &s);
+        CUDA_CHECK(cudaMemcpy(got, dp, (size_t)T * n_out[1] * 4, cudaMemcpyDeviceToHost));
+        double pw = max_rel_err(got, pref, pscale, T * n_out[1]);
+        report(ordered && pw <= 1e-5, name2, ordered ? pw : INFINITY, 1e-5);
+        g_mv_mode = saved;
+        cudaFree(dp); cudaFree(s.bpart); cudaFree(a.h); cudaFree(a.s); cudaFree(a.f);
+        cudaFree(act.f); free_xq(act.q); free_hxq(&hq);
+        for (int i = 0; i < 2; i++) { cudaFree(dy[i]); cudaFree(W[i].dev); free(w[i]); }
+        free(x); free(y); free(ref); free(row); free(scale); free(xt); free(xs); free(X); free(pref); free(got); free(pscale);
+    }
+}
+
 static void test_gpu_matmul(void) {
     const int types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
                          GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
@@ -2366,6 +2532,7 @@ int main(int argc, char **argv) {
     test_gguf_reader();
     test_dequantizers();
     test_iq4_planes();
+    test_step_order();
     test_sampler();
     test_tokenizer();
     test_cli();
@@ -2384,6 +2551,7 @@ int main(int argc, char **argv) {
     test_gpu_deltanet();
     test_gpu_deltanet_rows();
     test_gpu_matmul();
+    test_gpu_step_order();
     test_gpu_attention_prefill();
     test_gpu_prefill_rows();
     test_models(1);
