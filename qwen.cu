@@ -2204,25 +2204,28 @@ __device__ __forceinline__ void mv_rows_part(const MvPlan &p, int m, int grp, in
 }
 
 // Units [c0, c1) of matrix m (unit c: group c / cpr, chunk c % cpr), this warp's piece of it.
-template <int TYPE>
+// STEP: the matrix's planes are in this launch's step order (section 6).
+template <int TYPE, bool STEP>
 __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, int c1, int warp) {
     const int R = MV_ROWS;
     const uint8_t *W = p.w[m];
     int lane = threadIdx.x % WARP, cpr = (n_sub + WARP - 1) / WARP, last_row = p.n_out[m] - 1;
     size_t NB = (size_t)p.n_out[m] * n_sub;
     int grp = c0 / cpr, kk = c0 % cpr, cut = kk != 0; // cut: the group began in an earlier run
-    // The plane index of row r of unit c = (grp, kk): row by row, or in step order, where this
-    // warp's unit c is its step k = c + first - warp * upw.
-    const int step = p.so[m].upw != 0;
+    // The plane index of row r of a unit: row by row, (grp * R + r) * n_sub + 32 kk + lane; in step
+    // order, (slot * R + r) * 32 + lane, where unit c is this warp's step k = c + first - warp * upw
+    // and the slot moves on by nw a step, less one where the matrix's first or last warp has no unit
+    // (so_slot_kw's terms).
     StepWarps sw = {0, 0, 0, 0};
-    int k_of_c = 0;
-    if (step) {
+    int k = 0;
+    unsigned slot = 0;
+    if (STEP) {
         sw = so_warps(p.so[m]);
-        k_of_c = p.first_unit[m] - warp * p.upw;
+        k = c0 + p.first_unit[m] - warp * p.upw;
+        slot = so_slot_kw(sw, k, warp);
     }
-#define MV_G(grp, kk, c, r)                                                             \
-    (step ? (so_slot_kw(sw, (c) + k_of_c, warp) * R + (r)) * WARP + lane               \
-          : (unsigned)min((grp) * R + (r), last_row) * n_sub + WARP * (kk) + lane)
+#define MV_G(grp, kk, sl, r) \
+    (STEP ? ((sl) * R + (r)) * WARP + lane : (unsigned)min((grp) * R + (r), last_row) * n_sub + WARP * (kk) + lane)
     WSub w[R];
     float acc[R];
     {
@@ -2230,23 +2233,24 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 #pragma unroll
         for (int r = 0; r < R; r++) {
             acc[r] = 0.0f;
-            if (u < n_sub) w[r] = sub_load<TYPE>(W, MV_G(grp, kk, c0, r), NB);
+            if (u < n_sub) w[r] = sub_load<TYPE>(W, MV_G(grp, kk, slot, r), NB);
         }
     }
     for (int c = c0; c < c1; c++) {
         int u = WARP * kk + lane, ng = grp, nk = kk + 1; // (ng, nk): the next unit
         if (nk == cpr) { nk = 0; ng++; }
         int un = WARP * nk + lane, more = c + 1 < c1 && un < n_sub;
+        unsigned sn = STEP ? slot + sw.nw - (k >= sw.k1) - (k + 1 < sw.k0) : 0; // the next unit's slot
         if (u < n_sub) {
             XBlock x = load_xblock(xq, u, n_sub);
 #pragma unroll
             for (int r = 0; r < R; r++) { // multiply row r, then refill its registers with the next unit
                 acc[r] += sub_dot<TYPE>(w[r], u % 8, x);
-                if (more) w[r] = sub_load<TYPE>(W, MV_G(ng, nk, c + 1, r), NB);
+                if (more) w[r] = sub_load<TYPE>(W, MV_G(ng, nk, sn, r), NB);
             }
         } else if (more) {
 #pragma unroll
-            for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, MV_G(ng, nk, c + 1, r), NB);
+            for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, MV_G(ng, nk, sn, r), NB);
         }
         if (nk == 0) { // the group's last chunk
 #pragma unroll
@@ -2259,6 +2263,8 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
         }
         grp = ng;
         kk = nk;
+        slot = sn;
+        k++;
     }
     if (kk != 0) { // a later run ends this group
 #pragma unroll
@@ -2270,14 +2276,14 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 
 // One kernel per type when all the matrices of a launch have one type (TYPE >= 0; gate/up, the
 // output matrix): each gets a register allocation of its own. TYPE = -1: any mix of the fast types.
-template <int TYPE>
+template <int TYPE, bool STEP>
 __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
     int warp = (blockIdx.x * MV_THREADS + threadIdx.x) / WARP;
     int a = warp * p.upw, b = min(a + p.upw, p.first_unit[p.n]);
     for (int m = 0; m < p.n; m++) { // the run's piece of each matrix
         int s = max(a, p.first_unit[m]), e = min(b, p.first_unit[m + 1]);
         if (s >= e) continue;
-#define RUN(T) mv_run<T>(p, m, xq, n_sub, s - p.first_unit[m], e - p.first_unit[m], warp)
+#define RUN(T) mv_run<T, STEP>(p, m, xq, n_sub, s - p.first_unit[m], e - p.first_unit[m], warp)
         if (TYPE >= 0) RUN(TYPE >= 0 ? TYPE : 0);
         else FAST_TYPE_SWITCH(p.type[m], RUN)
 #undef RUN
@@ -2291,7 +2297,7 @@ static int mv_grid_blocks(void) {
         int dev, n_sm, per_sm;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_stream_kernel<-1>, MV_THREADS, 0));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_stream_kernel<-1, false>, MV_THREADS, 0));
         blocks = n_sm * (per_sm > 0 ? per_sm : 1);
         if (blocks * (MV_THREADS / WARP) > MV_MAX_WARPS) blocks = MV_MAX_WARPS / (MV_THREADS / WARP);
     }
@@ -2328,7 +2334,12 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     int type = p->type[0];
     for (int m = 1; m < p->n; m++)
         if (p->type[m] != type) type = -1;
-#define STREAM(T) matvec_stream_kernel<T><<<blocks, MV_THREADS, 0, st>>>(*p, xq, n_sub)
+    int step = p->so[0].upw != 0; // all of the plan's matrices in step order, or none (step_order_group)
+    for (int m = 1; m < p->n; m++)
+        if ((p->so[m].upw != 0) != step) die("streaming mat-vec: matrices in step order and row by row in one launch");
+#define STREAM(T)                                                                             \
+    if (step) matvec_stream_kernel<T, true><<<blocks, MV_THREADS, 0, st>>>(*p, xq, n_sub);   \
+    else matvec_stream_kernel<T, false><<<blocks, MV_THREADS, 0, st>>>(*p, xq, n_sub)
     if (type < 0) STREAM(-1);
     else FAST_TYPE_SWITCH(type, STREAM)
 #undef STREAM
@@ -3706,12 +3717,11 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
     WRaw wr;
     int t0, n0, n;
     const uint4 *xp[4]; // this thread's X chunks of the next step to fetch (rows + 32 i), moved on by fetch
-    // the plane index of unit u of row n: row by row, or in step order, where the 32 units of a
-    // chunk lie side by side and only a new chunk's place is computed (plane_g's divisions)
+    // the plane index of unit u of row n (plane_g): the 32 units of a chunk lie side by side in
+    // either order, so only a new chunk's place is computed (in step order: divisions)
     int g_chunk = -1;
     size_t g_base = 0;
     auto plane_index = [&](int u) -> size_t {
-        if (!so.upw) return (size_t)n * n_units + u;
         if (u / 32 != g_chunk) {
             g_chunk = u / 32;
             g_base = plane_g(so, n, 32 * g_chunk, n_units);
@@ -4511,9 +4521,9 @@ static void step_order_group(int n, Tensor *const *W) {
     for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], NULL, NULL);
     if (!mv_use_stream(&p, (int)W[0]->n_in)) return;
     mv_plan_runs(&p);
-    for (int i = 0; i < n; i++)
-        if (W[i]->n_in % (32 * WARP) == 0 && W[i]->n_out % MV_ROWS == 0) // rows of whole chunks, whole units
-            W[i]->so = StepOrder{p.upw, p.first_unit[i], p.first_unit[i + 1] - p.first_unit[i]};
+    for (int i = 0; i < n; i++) // rows of whole chunks, whole units: all of the launch's matrices, or none
+        if (W[i]->n_in % (32 * WARP) != 0 || W[i]->n_out % MV_ROWS != 0) return;
+    for (int i = 0; i < n; i++) W[i]->so = StepOrder{p.upw, p.first_unit[i], p.first_unit[i + 1] - p.first_unit[i]};
 }
 static void step_order_plan(Model *m) {
     Weights *w = &m->w;
