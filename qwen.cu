@@ -1726,8 +1726,9 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 // sub-blocks (unit c = group c / cpr, chunk c % cpr, cpr = n_sub / 32) and gives every warp of the
 // grid a run of upw consecutive units; at step k of the launch, warp w reads the k-th unit of its run.
 // Row by row those units lie upw units apart, ~2000 places spread over the whole matrix at once;
-// DRAM streams them faster when they lie side by side (the 27B Q4_0 file 2.6-2.8 % faster a token,
-// Qwen3-32B Q4_0 2.3 %; test/PERF_NOTES.md run 15). So the matrices that a streaming launch reads
+// DRAM streams them faster when they lie side by side (a prototype that read the planes in this
+// order: the 27B Q4_0 file 2.6-2.8 % faster a token, Qwen3-32B Q4_0 2.3 %, IQ4_XS files unchanged;
+// test/PERF_NOTES.md run 15). So the matrices that a streaming launch reads
 // (gate and up, the DeltaNet in-projections, the output matrix, as the launches are planned at
 // load) are stored with the units in the order (step k, warp w), each unit's MV_ROWS rows of 32
 // sub-blocks together: g = (slot * MV_ROWS + r) * 32 + l for row r of the unit, sub-block l of its
