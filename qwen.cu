@@ -1506,6 +1506,8 @@ __device__ float block_max(float v) {
 }
 
 __device__ __forceinline__ float h2f(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+// SiLU(x) = x * sigmoid(x) = x / (1 + e^-x), with the fast exponential (C twin: silu_c, with expf).
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
 __device__ const int8_t D_KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                1,    13,   25,  38,  53,  69,  89,  113};
@@ -1730,7 +1732,7 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 // order: the 27B Q4_0 file 2.6-2.8 % faster a token, Qwen3-32B Q4_0 2.3 %, IQ4_XS files unchanged;
 // test/PERF_NOTES.md run 15). So the matrices that a streaming launch reads
 // (gate and up, the DeltaNet in-projections, the output matrix, as the launches are planned at
-// load) are stored with the units in the order (step k, warp w), each unit's MV_ROWS rows of 32
+// load; not those with an IQ4_XS matrix, see step_order_group) are stored with the units in the order (step k, warp w), each unit's MV_ROWS rows of 32
 // sub-blocks together: g = (slot * MV_ROWS + r) * 32 + l for row r of the unit, sub-block l of its
 // chunk. Everything else about the planes is unchanged, per sub-block (g) and per super-block (g / 8).
 // Only matrices whose rows are whole chunks and whose row count is a multiple of MV_ROWS are stored so.
@@ -2973,7 +2975,7 @@ __global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: p
     int S = blockDim.x, conv_dim = (2 * Hk + Hv) * S, c = blockIdx.x * S + threadIdx.x;
     float win0 = cs[c], win1 = cs[conv_dim + c], win2 = cs[2 * conv_dim + c], win3 = mixed[c];
     float sum = win0 * w[4 * c] + win1 * w[4 * c + 1] + win2 * w[4 * c + 2] + win3 * w[4 * c + 3];
-    float y = sum / (1.0f + __expf(-sum));
+    float y = silu(sum);
     cs[c] = win1;
     cs[conv_dim + c] = win2;
     cs[2 * conv_dim + c] = win3;
@@ -3112,7 +3114,7 @@ __global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */, cons
     float v = o[i];
     float ss = block_sum(v * v);
     float zz = z[i];
-    v = v * rsqrtf(ss / S + eps) * w[threadIdx.x] * (zz / (1.0f + __expf(-zz)));
+    v = v * rsqrtf(ss / S + eps) * w[threadIdx.x] * silu(zz);
     out.f[i] = v;
     if (out.q.q) quantize_block_warp(v, out.q, i / 32, gridDim.x * S / 32);
 }
@@ -3174,7 +3176,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         win3 = mixed[ch];
         float4 tap = ((const float4 *)w)[ch];
         float sum = win0 * tap.x + win1 * tap.y + win2 * tap.z + win3 * tap.w;
-        float y = sum / (1.0f + __expf(-sum));
+        float y = silu(sum);
         (p == 0 ? qs : p == 1 ? ks : vs)[i] = y;
         if (p == 2) { // this head's own channels
             cs[ch] = win1;
@@ -3238,7 +3240,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         float ss = 0.0f;
 #pragma unroll
         for (int k = 0; k < NT; k++) ss += part[1][k];
-        v = v * rsqrtf(ss / S + eps) * wn * (zz / (1.0f + __expf(-zz)));
+        v = v * rsqrtf(ss / S + eps) * wn * silu(zz);
         out.f[(size_t)hv * S + t] = v;
         if (out.q.q) quantize_block_warp(v, out.q, (hv * S + t) / 32, Hv * S / 32);
     }
@@ -3275,7 +3277,7 @@ __global__ void silu_mul_quant_kernel(Act h, const float *u, int n) {
     float v = 0.0f;
     if (i < n) {
         float gv = h.f[i];
-        v = gv / (1.0f + __expf(-gv)) * u[i];
+        v = silu(gv) * u[i];
         h.f[i] = v;
     }
     if (h.q.q && n % 32 == 0 && i - threadIdx.x % WARP < n) quantize_block_warp(v, h.q, i / 32, n / 32);
@@ -3975,12 +3977,12 @@ __global__ void __launch_bounds__(ROW_THREADS) silu_mul_rows_kernel(ActH out, co
     float amax = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float gv = g[r + i];
-        amax = fmaxf(amax, fabsf(gv / (1.0f + __expf(-gv)) * u[r + i]));
+        amax = fmaxf(amax, fabsf(silu(gv) * u[r + i]));
     }
     float s = row_scale(block_max(amax));
     __half *o = out.h + (size_t)blockIdx.x * out.ld;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float gv = g[r + i], v = gv / (1.0f + __expf(-gv)) * u[r + i];
+        float gv = g[r + i], v = silu(gv) * u[r + i];
         o[i] = __float2half(v / s);
         if (out.f) out.f[(size_t)blockIdx.x * out.ld + i] = v;
     }
@@ -4147,7 +4149,7 @@ __global__ void gdn_conv_rows_kernel(float *y,        // (T, conv_dim) out
         int tt = t - 3 + k;
         sum += w[4 * c + k] * (tt >= 0 ? x[(size_t)tt * conv_dim + c] : cs[(size_t)(3 + tt) * conv_dim + c]);
     }
-    y[i] = sum / (1.0f + __expf(-sum));
+    y[i] = silu(sum);
 }
 __global__ void gdn_conv_state_kernel(float *cs, const float *x /* (T, conv_dim) */, int conv_dim, int T) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -4187,7 +4189,7 @@ __global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */, co
         float v = o[i];
         float ss = block_sum(v * v);
         float zz = z[i];
-        v = v * rsqrtf(ss / S + eps) * w[threadIdx.x] * (zz / (1.0f + __expf(-zz)));
+        v = v * rsqrtf(ss / S + eps) * w[threadIdx.x] * silu(zz);
         o[i] = v;
         amax = fmaxf(amax, fabsf(v));
     }
@@ -4509,14 +4511,12 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
 // matvec_batch will plan it, the order of its matrices' units, set before they are uploaded. A
 // launch's matrices are the ones forward_gpu_enqueue gives it (a change there must be made here too:
 // matvec_stream checks every launch's matrices against the order they were stored in).
-static void step_order_group(int n, Tensor *const *W) {
-    int all_fast = 1;
-    for (int i = 0; i < n; i++) all_fast &= is_fast_type(W[i]->type);
-    if (!all_fast) { // matvec_batch runs them one by one
-        for (int i = 0; i < n; i++)
-            if (is_fast_type(W[i]->type)) step_order_group(1, &W[i]);
-        return;
-    }
+// step_order_set stores one launch's matrices in step order; step_order_group decides which launches
+// are: none with an IQ4_XS matrix. IQ4_XS's streaming loop is held by its arithmetic (the lookup),
+// not by where its reads fall, and the step order's slot arithmetic costs it more than the order
+// saves (27B IQ4_XS file, everything streamed in step order: 6.276 -> 6.305 ms; Q4_0 file 5.684 ->
+// 5.578; test/PERF_NOTES.md run 16).
+static void step_order_set(int n, Tensor *const *W) {
     MvPlan p;
     memset(&p, 0, sizeof p);
     for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], NULL, NULL);
@@ -4525,6 +4525,19 @@ static void step_order_group(int n, Tensor *const *W) {
     for (int i = 0; i < n; i++) // rows of whole chunks, whole units: all of the launch's matrices, or none
         if (W[i]->n_in % (32 * WARP) != 0 || W[i]->n_out % MV_ROWS != 0) return;
     for (int i = 0; i < n; i++) W[i]->so = StepOrder{p.upw, p.first_unit[i], p.first_unit[i + 1] - p.first_unit[i]};
+}
+static void step_order_group(int n, Tensor *const *W) {
+    int all_fast = 1, any_iq4 = 0;
+    for (int i = 0; i < n; i++) {
+        all_fast &= is_fast_type(W[i]->type);
+        any_iq4 |= W[i]->type == GGML_TYPE_IQ4_XS;
+    }
+    if (!all_fast) { // matvec_batch runs them one by one
+        for (int i = 0; i < n; i++)
+            if (is_fast_type(W[i]->type)) step_order_group(1, &W[i]);
+        return;
+    }
+    if (!any_iq4) step_order_set(n, W);
 }
 static void step_order_plan(Model *m) {
     Weights *w = &m->w;

@@ -2127,7 +2127,8 @@ static void make_rows(const float *x, int T, int n, uint16_t *X, float *s) {
 }
 
 // Planes in step order on the GPU: two matrices streamed in one launch (as gate and up), stored in
-// the order of that launch's reads (step_order_group), against matvec_xq_c; then the prefill product
+// the order of that launch's reads (step_order_set: every fast type, IQ4_XS too, which the engine
+// leaves row by row), against matvec_xq_c; then the prefill product
 // reading the second one's planes, against matmul_c. Sizes: runs of several units, the second
 // matrix starting inside a warp's run.
 static void test_gpu_step_order(void) {
@@ -2152,7 +2153,7 @@ static void test_gpu_step_order(void) {
             W[i] = Tensor{"test", type, n_in, n_out[i], w[i], rb * n_out[i], NULL, 0};
         }
         Tensor *WW[2] = {&W[0], &W[1]};
-        step_order_group(2, WW);
+        step_order_set(2, WW);
         int ordered = W[0].so.upw > 1 && W[1].so.upw > 1 && W[1].so.first % W[1].so.upw != 0;
         int repack_ok = upload_like_engine(&W[0]) & upload_like_engine(&W[1]);
         float *x = (float *)xmalloc(n_in * 4);
