@@ -1728,13 +1728,13 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 // sub-blocks (unit c = group c / cpr, chunk c % cpr, cpr = n_sub / 32) and gives every warp of the
 // grid a run of upw consecutive units; at step k of the launch, warp w reads the k-th unit of its run.
 // Row by row those units lie upw units apart, ~2000 places spread over the whole matrix at once;
-// DRAM streams them faster when they lie side by side (a prototype that read the planes in this
-// order: the 27B Q4_0 file 2.6-2.8 % faster a token, Qwen3-32B Q4_0 2.3 %, IQ4_XS files unchanged;
-// test/PERF_NOTES.md run 15). So the matrices that a streaming launch reads
-// (gate and up, the DeltaNet in-projections, the output matrix, as the launches are planned at
-// load; not those with an IQ4_XS matrix, see step_order_group) are stored with the units in the order (step k, warp w), each unit's MV_ROWS rows of 32
-// sub-blocks together: g = (slot * MV_ROWS + r) * 32 + l for row r of the unit, sub-block l of its
-// chunk. Everything else about the planes is unchanged, per sub-block (g) and per super-block (g / 8).
+// DRAM streams them faster when they lie side by side. So the matrices that a streaming launch reads
+// (gate and up, the DeltaNet in-projections, the output matrix, as the launches are planned at load)
+// are stored with the units in the order (step k, warp w), each unit's MV_ROWS rows of 32 sub-blocks
+// together: g = (slot * MV_ROWS + r) * 32 + l for row r of the unit, sub-block l of its chunk.
+// Everything else about the planes is unchanged, per sub-block (g) and per super-block (g / 8).
+// Measured: Q4_0 files 1.4-2.0 % faster a token (27B gate/up 31.7 -> 30.2 us); launches with an
+// IQ4_XS matrix stay row by row (step_order_group; test/PERF_NOTES.md run 16).
 // Only matrices whose rows are whole chunks and whose row count is a multiple of MV_ROWS are stored so.
 #ifndef MV_ROWS
 #define MV_ROWS 4 // rows per unit of the streaming mat-vec: each activation load serves this many (measured best of 1, 2, 4)
