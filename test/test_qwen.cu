@@ -383,10 +383,10 @@ static int plane_record(int type, const uint8_t *p, size_t NB, size_t g, uint8_t
 }
 static void random_row(int type, uint8_t *dst, int64_t n_in); // random blocks of a type (below)
 static void test_step_order(void) {
-    int bad = 0, cases = 0;
+    int bad = 0;
     for (int upw = 1; upw <= 9; upw++)
         for (int F = 0; F < 30; F++)
-            for (int U = 1; U < 50; U++, cases++) {
+            for (int U = 1; U < 50; U++) {
                 StepOrder so = {upw, F, U};
                 char *seen = (char *)calloc(U, 1);
                 unsigned prev = 0;
@@ -402,7 +402,6 @@ static void test_step_order(void) {
                 free(seen);
             }
     report(bad == 0, "step order: so_slot is a bijection in (step, warp) order (13230 run layouts)", bad, 0);
-    (void)cases;
     const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     bad = 0;
     for (int ti = 0; ti < 4; ti++) {
@@ -1520,6 +1519,20 @@ static int upload_like_engine(Tensor *W) {
     return same;
 }
 
+// The error scale of a product y[t, n] = W[n, :] . x[t, :]: scale[t * n_out + n] = sum_k |W[n, k] x[t, k]|
+// for T input rows x (T, n_in) and the n_out rows of W (file bytes of `type`, rb bytes a row).
+static void abs_dot_scale(int type, const uint8_t *w, size_t rb, int n_in, int n_out, const float *x, int T,
+                          double *scale, float *row /* (n_in) scratch */) {
+    for (int n = 0; n < n_out; n++) {
+        dequant_row(type, w + n * rb, row, n_in);
+        for (int t = 0; t < T; t++) {
+            double sa = 0;
+            for (int k = 0; k < n_in; k++) sa += fabs((double)row[k] * x[(size_t)t * n_in + k]);
+            scale[(size_t)t * n_out + n] = sa;
+        }
+    }
+}
+
 static double max_rel_err(const float *got, const float *ref, const double *scale, int n) {
     double worst = 0;
     for (int i = 0; i < n; i++) {
@@ -2174,12 +2187,7 @@ static void test_gpu_step_order(void) {
         for (int i = 0; i < 2; i++) {
             CUDA_CHECK(cudaMemcpy(y, dy[i], n_out[i] * 4, cudaMemcpyDeviceToHost));
             matvec_xq_c(&W[i], hq.H, hq.L, hq.s, NULL, ref, 0, row);
-            for (int r = 0; r < n_out[i]; r++) {
-                dequant_row(type, w[i] + r * rb, row, n_in);
-                double sa = 0;
-                for (int k = 0; k < n_in; k++) sa += fabs((double)row[k] * x[k]);
-                scale[r] = sa;
-            }
+            abs_dot_scale(type, w[i], rb, n_in, n_out[i], x, 1, scale, row);
             worst = fmax(worst, max_rel_err(y, ref, scale, n_out[i]));
         }
         report(ordered && repack_ok && worst <= 1e-5, name, ordered && repack_ok ? worst : INFINITY, 1e-5);
@@ -2193,14 +2201,7 @@ static void test_gpu_step_order(void) {
         double *pscale = (double *)xmalloc((size_t)T * n_out[1] * sizeof(double));
         memset(pref, 0, (size_t)T * n_out[1] * 4);
         matmul_c(&W[1], X, xs, xt, n_in, T, pref, n_out[1], NULL, 0, row);
-        for (int n = 0; n < n_out[1]; n++) {
-            dequant_row(type, w[1] + n * rb, row, n_in);
-            for (int t = 0; t < T; t++) {
-                double sa = 0;
-                for (int k = 0; k < n_in; k++) sa += fabs((double)row[k] * xt[(size_t)t * n_in + k]);
-                pscale[(size_t)t * n_out[1] + n] = sa;
-            }
-        }
+        abs_dot_scale(type, w[1], rb, n_in, n_out[1], xt, T, pscale, row);
         GpuState s;
         memset(&s, 0, sizeof s);
         s.part_elems = 2 * MM_SLOT * (size_t)mm_resident(-1);
