@@ -2124,25 +2124,28 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 //     | matrix 0: group 0 (kk = 0 1 2 ..) group 1 ... | matrix 1: ...         |
 //     [ warp 0 run   ][ warp 1 run   ][ warp 2 run   ][ ...
 //
-// The grid is as many blocks as the GPU holds at once: one wave, no block waits for a free slot and
-// there is no block-wide barrier. Inside a run a warp keeps the next unit's weight loads in flight
-// while it multiplies the current one: the moment row r of unit c has been multiplied, the loads of
-// row r of unit c + 1 go out into the registers it freed. A group's 32 lane sums per row meet in
-// warp shuffles after its last chunk.
+// The grid is as many warps as the GPU holds at once (16 per SM at 128 registers): one wave, no
+// block waits for a free slot and there is no block-wide barrier. Inside a run a warp keeps the next
+// unit's weight loads in flight while it multiplies the current one: the moment row r of unit c has
+// been multiplied, the loads of row r of unit c + 1 go out into the registers it freed. A group's 32
+// lane sums per row meet in warp shuffles after its last chunk.
 //
 // Runs are cut wherever the equal split falls, so a group (its rows' dot products) may be shared by
-// several neighbouring warps: each writes its part of the row sums to a slot of its own and counts
-// itself in; the last to arrive adds the parts in warp order (the same sum in every run) and
-// finishes the rows. So every warp gets the same work however the shapes divide, and even a small
-// matrix spreads over the whole GPU. Weights are loaded evict-first (ld.global.cs, ldw): they are
-// read once, and L1 and L2 keep the input vector.
+// neighbouring warps, whose parts of the row sums meet in mv_rows_part. So every warp gets the same
+// work however the shapes divide, and even a small matrix spreads over the whole GPU. Weights are
+// loaded evict-first (ld.global.cs, ldw): they are read once, and L1 and L2 keep the input vector.
+//
+// The block shape: the 16 warps of an SM are two blocks of 256 threads, or, for row-by-row launches
+// with an IQ4_XS matrix, one block of 512. An SM's warp schedulers favour the older of two resident
+// blocks: on a per-warp timeline of a 27B token (H200), the blocks placed second on each SM ended
+// their equal runs ~4 us (gate/up) to ~25 us (the output matrix) after the first ones, so every
+// launch ended with one block per SM working alone. One block of 512 has no older half. Measured
+// alone, it made the 27B IQ4_XS token 1.6 % faster (its launches are held by their arithmetic) and
+// the 27B Q4_0 token, whose launches are in step order, 0.2 % slower (test/PERF_NOTES.md run 17).
 //
 // C twin: matvec_xq_c per matrix.
-#define MV_THREADS 256
-#ifndef MV_MIN_BLOCKS
-#define MV_MIN_BLOCKS 2 // blocks per SM the register budget is set for (__launch_bounds__): 128 registers
-#endif
-#define MV_MAX_WARPS 16384 // warps of one grid at most (an H200 holds 132 x 16 at MV_MIN_BLOCKS 2)
+#define MV_SM_THREADS 512 // threads per SM the kernels are sized for (__launch_bounds__): 128 registers each
+#define MV_MAX_WARPS 16384 // warps of one grid at most (an H200 holds 132 x 16)
 #define BATCH_MAX 4
 
 typedef struct {
@@ -2159,9 +2162,18 @@ typedef struct {
 
 __device__ int d_mv_flag[MV_MAX_WARPS + 1];               // per shared group (by its first inner boundary): parts in
 __device__ float d_mv_part[MV_MAX_WARPS][2][MV_ROWS];     // per warp: its part of its first [0] and last [1] group
+__device__ unsigned long long d_mv_cell[MV_MAX_WARPS][MV_ROWS]; // per warp w: the rows of a group of two parts
+                                                                // that begins in w's run (0: empty)
+#define MV_CELL_FULL (1ull << 32) // a cell holding a part: this bit and the float's bits
 
-// Rows row0 .. row0+R-1 of matrix m are done, their dot products v[] in every lane: bias, residual,
-// store.
+// Row `row` of matrix m is done, its dot product t: bias, residual, store (one thread).
+__device__ __forceinline__ void mv_row_store(const MvPlan &p, int m, int row, float t) {
+    if (p.bias[m]) t += p.bias[m][row];
+    float *y = p.y[m] + row;
+    *y = p.accumulate ? *y + t : t;
+}
+
+// Rows row0 .. row0+R-1 of matrix m are done, their dot products v[] in every lane.
 template <int R>
 __device__ __forceinline__ void mv_rows_done(const MvPlan &p, int m, int row0, const float *v) {
     int nr = min(R, p.n_out[m] - row0);
@@ -2169,20 +2181,45 @@ __device__ __forceinline__ void mv_rows_done(const MvPlan &p, int m, int row0, c
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (r >= nr) break;
-            float t = v[r];
-            if (p.bias[m]) t += p.bias[m][row0 + r];
-            float *y = p.y[m] + row0 + r;
-            *y = p.accumulate ? *y + t : t;
+            mv_row_store(p, m, row0 + r, v[r]);
         }
     }
 }
 
 // This warp's part v[] of group grp of matrix m, whose units other warps share. The group's units
-// are [U0, U0 + cpr) of the stream, so warps U0/upw .. (U0 + cpr - 1)/upw hold its parts: in slot 0
-// of a warp whose run begins inside the group, else slot 1 (the group is that warp's last).
+// are [U0, U0 + cpr) of the stream, so warps w1 = U0/upw .. w2 = (U0 + cpr - 1)/upw hold its parts.
+//
+// Two parts (w2 = w1 + 1, every group when cpr <= upw + 1: the launches of the large models): the
+// parts meet in one 64-bit atomic exchange per row. Each warp swaps its part into the row's cell;
+// the one that finds the other's part there adds the two and finishes the row. Float addition is
+// commutative, so the sum is the same whichever warp comes second, and no fence is needed: the part
+// travels inside the atomic. w2's part is ready early (its run begins with it), w1's at the end of
+// its run, so the launch's last warps wait on one round trip to L2, not on a chain of them. Against
+// the count below on the same files (H200): 27B Q4_0 0.8 % faster a token, 27B IQ4_XS 0.5 % slower
+// (test/PERF_NOTES.md run 17); all six 27B/32B files faster with the block shape above.
+//
+// More parts (short runs: small models, long rows): each stores its part (slot 0 of a warp whose
+// run begins inside the group, else slot 1), fences and counts itself in; the last to arrive adds
+// the parts in warp order and finishes the rows.
 template <int R>
 __device__ __forceinline__ void mv_rows_part(const MvPlan &p, int m, int grp, int cpr, int warp, const float *v) {
     int U0 = p.first_unit[m] + grp * cpr, w1 = U0 / p.upw, w2 = (U0 + cpr - 1) / p.upw;
+    if (w2 == w1 + 1) {
+        if (threadIdx.x % WARP == 0) {
+            int nr = min(R, p.n_out[m] - grp * R);
+            unsigned long long prev[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) // all the exchanges in flight together
+                if (r < nr) prev[r] = atomicExch(&d_mv_cell[w1][r], MV_CELL_FULL | __float_as_uint(v[r]));
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (r >= nr || !prev[r]) continue;
+                d_mv_cell[w1][r] = 0; // empty for the next launch (after this kernel ends)
+                mv_row_store(p, m, grp * R + r, v[r] + __uint_as_float((unsigned)prev[r]));
+            }
+        }
+        return;
+    }
     int last = 0;
     if (threadIdx.x % WARP == 0) {
         int slot = U0 < warp * p.upw ? 0 : 1;
@@ -2279,9 +2316,9 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 
 // One kernel per type when all the matrices of a launch have one type (TYPE >= 0; gate/up, the
 // output matrix): each gets a register allocation of its own. TYPE = -1: any mix of the fast types.
-template <int TYPE, bool STEP>
-__global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
-    int warp = (blockIdx.x * MV_THREADS + threadIdx.x) / WARP;
+template <int TYPE, bool STEP, int THREADS>
+__global__ void __launch_bounds__(THREADS, MV_SM_THREADS / THREADS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
+    int warp = (blockIdx.x * THREADS + threadIdx.x) / WARP;
     int a = warp * p.upw, b = min(a + p.upw, p.first_unit[p.n]);
     for (int m = 0; m < p.n; m++) { // the run's piece of each matrix
         int s = max(a, p.first_unit[m]), e = min(b, p.first_unit[m + 1]);
@@ -2293,18 +2330,18 @@ __global__ void __launch_bounds__(MV_THREADS, MV_MIN_BLOCKS) matvec_stream_kerne
     }
 }
 
-// Blocks of matvec_stream_kernel the GPU holds at once (asked once).
-static int mv_grid_blocks(void) {
-    static int blocks = 0;
-    if (!blocks) {
+// Warps of matvec_stream_kernel the GPU holds at once (asked once): the same in both block shapes.
+static int mv_grid_warps(void) {
+    static int warps = 0;
+    if (!warps) {
         int dev, n_sm, per_sm;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_stream_kernel<-1, false>, MV_THREADS, 0));
-        blocks = n_sm * (per_sm > 0 ? per_sm : 1);
-        if (blocks * (MV_THREADS / WARP) > MV_MAX_WARPS) blocks = MV_MAX_WARPS / (MV_THREADS / WARP);
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_stream_kernel<-1, false, 512>, 512, 0));
+        warps = n_sm * (per_sm > 0 ? per_sm : 1) * (512 / WARP);
+        if (warps > MV_MAX_WARPS) warps = MV_MAX_WARPS;
     }
-    return blocks;
+    return warps;
 }
 
 // Add matrix W (in planes) to the plan: y = W x (+ bias).
@@ -2321,7 +2358,7 @@ static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y)
 
 // The plan's run length: the stream of units cut into equal runs over the grid's warps.
 static void mv_plan_runs(MvPlan *p) {
-    int total = p->first_unit[p->n], warps = mv_grid_blocks() * (MV_THREADS / WARP);
+    int total = p->first_unit[p->n], warps = mv_grid_warps();
     p->upw = (total + warps - 1) / warps;
 }
 
@@ -2333,16 +2370,21 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
         if (p->so[m].upw && (p->so[m].upw != p->upw || p->so[m].first != p->first_unit[m] ||
                              p->so[m].units != p->first_unit[m + 1] - p->first_unit[m]))
             die("streaming mat-vec: matrix %d's planes are in the step order of another launch", m);
-    int used = (total + p->upw - 1) / p->upw, wpb = MV_THREADS / WARP, blocks = (used + wpb - 1) / wpb;
-    int type = p->type[0];
-    for (int m = 1; m < p->n; m++)
+    int used = (total + p->upw - 1) / p->upw, type = p->type[0], any_iq4 = 0;
+    for (int m = 0; m < p->n; m++) {
         if (p->type[m] != type) type = -1;
+        any_iq4 |= p->type[m] == GGML_TYPE_IQ4_XS;
+    }
     int step = p->so[0].upw != 0; // all of the plan's matrices in step order, or none (step_order_group)
     for (int m = 1; m < p->n; m++)
         if ((p->so[m].upw != 0) != step) die("streaming mat-vec: matrices in step order and row by row in one launch");
-#define STREAM(T)                                                                             \
-    if (step) matvec_stream_kernel<T, true><<<blocks, MV_THREADS, 0, st>>>(*p, xq, n_sub);   \
-    else matvec_stream_kernel<T, false><<<blocks, MV_THREADS, 0, st>>>(*p, xq, n_sub)
+    // The block shape: row-by-row launches with an IQ4_XS matrix take one block of 512 threads per SM,
+    // the others two blocks of 256 (see the comment at the top of this part).
+    int big = !step && any_iq4, threads = big ? 512 : 256, blocks = (used + threads / WARP - 1) / (threads / WARP);
+#define STREAM(T)                                                                                      \
+    if (step) matvec_stream_kernel<T, true, 256><<<blocks, 256, 0, st>>>(*p, xq, n_sub);              \
+    else if (big) matvec_stream_kernel<T, false, 512><<<blocks, 512, 0, st>>>(*p, xq, n_sub);         \
+    else matvec_stream_kernel<T, false, 256><<<blocks, 256, 0, st>>>(*p, xq, n_sub)
     if (type < 0) STREAM(-1);
     else FAST_TYPE_SWITCH(type, STREAM)
 #undef STREAM
@@ -3300,7 +3342,7 @@ static int mv_use_stream(const MvPlan *p, int n_in) {
         g_mv_mode = e && !strcmp(e, "stream") ? MV_STREAM : e && !strcmp(e, "blocks") ? MV_BLOCKS : MV_AUTO;
     }
     if (g_mv_mode != MV_AUTO) return g_mv_mode == MV_STREAM;
-    long cpr = (n_in / 32 + WARP - 1) / WARP, warps = (long)mv_grid_blocks() * (MV_THREADS / WARP);
+    long cpr = (n_in / 32 + WARP - 1) / WARP, warps = mv_grid_warps();
     return 10L * p->first_unit[p->n] >= 19 * cpr * warps;
 }
 

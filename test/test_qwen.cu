@@ -2155,7 +2155,7 @@ static void test_gpu_step_order(void) {
         if (!HAVE_GPU) { skip(name, "no GPU"); skip(name2, "no GPU"); continue; }
         int saved = g_mv_mode;
         g_mv_mode = MV_STREAM;
-        const int n_in = 2048, warps = mv_grid_blocks() * (MV_THREADS / WARP);
+        const int n_in = 2048, warps = mv_grid_warps();
         const int n_out[2] = {MV_ROWS * (2 * warps + 7), MV_ROWS * (warps + 5)}; // ~3 units a run
         size_t rb = row_bytes(type, n_in);
         Tensor W[2];
