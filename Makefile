@@ -62,7 +62,7 @@ test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
 	QWEN_BIN=./qwen$(SUFFIX) ./test/test_qwen$(SUFFIX)
 
 clean:
-	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor
+	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/trace_token
 
 .PHONY: all test clean bench bench-tokenizer unicode-check
 
@@ -73,6 +73,10 @@ test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
 # the floor of a decode token's chain of steps with ideal kernels (GPU only): test/step_floor [shape]
 test/step_floor: test/step_floor.cu qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/step_floor.cu
+
+# a per-warp timeline of one decode token (GPU only): test/trace_token -m model.gguf [-c 128]
+test/trace_token: test/trace_token.cu qwen.cu tokenizer.c unicode_tables.h
+	$(NVCC_RUN) $(NVFLAGS) -o $@ test/trace_token.cu
 
 # decode benchmark on a GPU: make bench MODEL=path/to/model.gguf
 bench: qwen$(SUFFIX)

@@ -1461,6 +1461,13 @@ static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
 
 #define WARP 32
 
+// The decode kernels begin with KERNEL_TRACE(id): empty here. test/trace_token.cu defines it to log
+// every warp's entry and exit on the GPU's global timer, a per-warp timeline of one token.
+enum { K_MV_STREAM = 1, K_MV_BLOCKS, K_MV_BATCH, K_RMSNORM, K_ROPE_ANGLES, K_ATTENTION, K_GDN_TOKEN, K_SILU_MUL };
+#ifndef KERNEL_TRACE
+#define KERNEL_TRACE(id)
+#endif
+
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -2318,6 +2325,7 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 // output matrix): each gets a register allocation of its own. TYPE = -1: any mix of the fast types.
 template <int TYPE, bool STEP, int THREADS>
 __global__ void __launch_bounds__(THREADS, MV_SM_THREADS / THREADS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
+    KERNEL_TRACE(K_MV_STREAM);
     int warp = (blockIdx.x * THREADS + threadIdx.x) / WARP;
     int a = warp * p.upw, b = min(a + p.upw, p.first_unit[p.n]);
     for (int m = 0; m < p.n; m++) { // the run's piece of each matrix
@@ -2458,6 +2466,7 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
 template <int TYPE, int R, bool LOADS_FIRST>
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
 matvec_fast_kernel(const uint8_t *W, XQ xq, const float *bias, float *y, int n_sub, int n_out, int accumulate) {
+    KERNEL_TRACE(K_MV_BLOCKS);
     fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
 }
 
@@ -2473,6 +2482,7 @@ typedef struct {
 } MatVecBatch;
 
 __global__ void __launch_bounds__(FAST_MAX_THREADS) matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
+    KERNEL_TRACE(K_MV_BATCH);
     int m = 0;
     while (m + 1 < b.n && (int)blockIdx.x >= b.first_block[m + 1]) m++;
     int row0 = ((int)blockIdx.x - b.first_block[m]) * FAST_ROWS;
@@ -2512,6 +2522,7 @@ static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int
 // x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
 #define NORM_THREADS 256
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out, const float *x, const float *w /* (n) */, int n, float eps) {
+    KERNEL_TRACE(K_RMSNORM);
     int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     int quant = out.q.q && n % 32 == 0, b = blockIdx.x * nw + threadIdx.x / WARP, i = 32 * b + lane;
     float xi = 0.0f, wi = 0.0f;
@@ -2670,6 +2681,7 @@ typedef struct {
 // position and the frequencies): cs[i] = rope_angle(pos, i), i < n_rot / 2. One block of at least
 // n_rot / 2 threads.
 __global__ void rope_angles_kernel(float2 *cs, const int *pos_p, int n_rot, float base, float freq_scale) {
+    KERNEL_TRACE(K_ROPE_ANGLES);
     int i = threadIdx.x;
     if (i < n_rot / 2) cs[i] = rope_angle(*pos_p, i, n_rot, base, freq_scale);
 }
@@ -2690,6 +2702,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
                        const float *gate, // (n_head, gate_stride) qwen35: out *= sigmoid(gate), or NULL
                        int gate_stride,
                        const int *pos_p, int n_head, int n_kv, int hd_arg, int n_split, int chunk) {
+    KERNEL_TRACE(K_ATTENTION);
     extern __shared__ uint4 smem[];
     const int hd = HD > 0 ? HD : hd_arg;
     int j = blockIdx.x, split = blockIdx.y, pos = *pos_p;
@@ -3194,6 +3207,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
                  Act out,                // (Hv, S) out: the out-projection's input
                  int *count,             // (Hk) blocks that have read k head hk's conv state; zero between launches
                  int Hk, int Hv, float eps) {
+    KERNEL_TRACE(K_GDN_TOKEN);
     constexpr int S = 32 * NT, R = NT, C = NT; // R rows per warp, C columns per lane
     __shared__ float qs[S], ks[S], vs[S], os[S], part[2][32];
     __shared__ float gate[2];
@@ -3315,6 +3329,7 @@ static void gdn_token(float *state, float *cs, const float *mixed, const float *
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy): the FFN's
 // activation after its gate and up mat-vecs. C twin: the loop in forward_cpu.
 __global__ void silu_mul_quant_kernel(Act h, const float *u, int n) {
+    KERNEL_TRACE(K_SILU_MUL);
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     float v = 0.0f;
     if (i < n) {
