@@ -1467,6 +1467,10 @@ enum { K_MV_STREAM = 1, K_MV_BLOCKS, K_MV_BATCH, K_RMSNORM, K_ROPE_ANGLES, K_ATT
 #ifndef KERNEL_TRACE
 #define KERNEL_TRACE(id)
 #endif
+// KERNEL_MARK(i) (i = 1..8) inside a traced kernel: the time a warp reaches point i (empty here).
+#ifndef KERNEL_MARK
+#define KERNEL_MARK(i)
+#endif
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -2131,7 +2135,7 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 //     | matrix 0: group 0 (kk = 0 1 2 ..) group 1 ... | matrix 1: ...         |
 //     [ warp 0 run   ][ warp 1 run   ][ warp 2 run   ][ ...
 //
-// The grid is as many warps as the GPU holds at once (16 per SM at 128 registers): one wave, no
+// The grid is as many warps as the GPU holds at once (16 or 20 per SM, below): one wave, no
 // block waits for a free slot and there is no block-wide barrier. Inside a run a warp keeps the next
 // unit's weight loads in flight while it multiplies the current one: the moment row r of unit c has
 // been multiplied, the loads of row r of unit c + 1 go out into the registers it freed. A group's 32
@@ -2142,16 +2146,20 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 // work however the shapes divide, and even a small matrix spreads over the whole GPU. Weights are
 // loaded evict-first (ld.global.cs, ldw): they are read once, and L1 and L2 keep the input vector.
 //
-// The block shape: the 16 warps of an SM are two blocks of 256 threads, or, for row-by-row launches
-// with an IQ4_XS matrix, one block of 512. An SM's warp schedulers favour the older of two resident
-// blocks: on a per-warp timeline of a 27B token (H200), the blocks placed second on each SM ended
-// their equal runs ~4 us (gate/up) to ~25 us (the output matrix) after the first ones, so every
-// launch ended with one block per SM working alone. One block of 512 has no older half. Measured
-// alone, it made the 27B IQ4_XS token 1.6 % faster (its launches are held by their arithmetic) and
-// the 27B Q4_0 token, whose launches are in step order, 0.2 % slower (test/PERF_NOTES.md run 17).
+// The block shape (mv_threads): one block per SM of 640 threads (20 warps, 96 registers each) for
+// the launches of one type, IQ4_XS, or Q4_0 or Q6_K in step order (gate/up, the output matrix, the
+// Q4_0 files' other streamed launches); one of 512 (16 warps, 128 registers) for launches that mix
+// IQ4_XS with another type, whose kernel spills registers at 640; two blocks of 256 for the rest.
+// One block, because an SM's warp schedulers favour the older of two resident blocks: on a per-warp
+// timeline of a 27B token (H200), the blocks placed second on each SM ended their equal runs ~4 us
+// (gate/up) to ~25 us (the output matrix) after the first ones, so every launch ended with one
+// block per SM working alone (test/PERF_NOTES.md run 17). 640 threads, because the loop is held by
+// memory latency and by the IQ4_XS lookup's arithmetic in turn, and four more warps per SM hide
+// more of both: against 16 warps (512 or 2 x 256), 27B IQ4_XS 1.1 %, Qwen3-32B IQ4_XS 2.9 %,
+// Qwen3-32B Q4_0 1.9 % faster a token (768 threads spill and are 4-8 % slower; run 18).
 //
 // C twin: matvec_xq_c per matrix.
-#define MV_SM_THREADS 512 // threads per SM the kernels are sized for (__launch_bounds__): 128 registers each
+#define MV_SM_THREADS 512 // threads per SM of the two-block and mixed shapes (__launch_bounds__): 128 registers each
 #define MV_MAX_WARPS 16384 // warps of one grid at most (an H200 holds 132 x 16)
 #define BATCH_MAX 4
 
@@ -2324,7 +2332,7 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 // One kernel per type when all the matrices of a launch have one type (TYPE >= 0; gate/up, the
 // output matrix): each gets a register allocation of its own. TYPE = -1: any mix of the fast types.
 template <int TYPE, bool STEP, int THREADS>
-__global__ void __launch_bounds__(THREADS, MV_SM_THREADS / THREADS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
+__global__ void __launch_bounds__(THREADS, THREADS >= MV_SM_THREADS ? 1 : MV_SM_THREADS / THREADS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
     KERNEL_TRACE(K_MV_STREAM);
     int warp = (blockIdx.x * THREADS + threadIdx.x) / WARP;
     int a = warp * p.upw, b = min(a + p.upw, p.first_unit[p.n]);
@@ -2338,7 +2346,8 @@ __global__ void __launch_bounds__(THREADS, MV_SM_THREADS / THREADS) matvec_strea
     }
 }
 
-// Warps of matvec_stream_kernel the GPU holds at once (asked once): the same in both block shapes.
+// Warps of matvec_stream_kernel the GPU holds at once at 16 per SM (asked once; the shapes of 512 and
+// 2 x 256 threads); mv_plan_runs scales it for the 640-thread shape.
 static int mv_grid_warps(void) {
     static int warps = 0;
     if (!warps) {
@@ -2364,37 +2373,56 @@ static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y)
     p->first_unit[m + 1] = p->first_unit[m] + groups * cpr;
 }
 
-// The plan's run length: the stream of units cut into equal runs over the grid's warps.
-static void mv_plan_runs(MvPlan *p) {
-    int total = p->first_unit[p->n], warps = mv_grid_warps();
+// The launch's block shape (see the top of this part): one block of MV_ONE_BLOCK threads per SM for
+// launches of one type, Q4_0 or Q6_K in step order or IQ4_XS; one of 512 for launches that mix
+// IQ4_XS with another type (at 640 threads their kernel spills registers, as does Q5_K's in step
+// order on sm_70); two blocks of 256 for the rest (Q5_K alone, row-by-row launches without IQ4_XS,
+// mixed launches in step order: small shapes, other files).
+#define MV_ONE_BLOCK 640 // 20 warps at 96 registers (ptxas, sm_70 and sm_90: no spills for these)
+static int mv_threads(const MvPlan *p, int step) {
+    int any_iq4 = 0, one_type = 1, t = p->type[0];
+    for (int m = 0; m < p->n; m++) {
+        any_iq4 |= p->type[m] == GGML_TYPE_IQ4_XS;
+        one_type &= p->type[m] == t;
+    }
+    if (!one_type) return any_iq4 ? 512 : 256;
+    if (t == GGML_TYPE_IQ4_XS) return MV_ONE_BLOCK;
+    return step && (t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q6_K) ? MV_ONE_BLOCK : 256;
+}
+// The plan's run length: the stream of units cut into equal runs over the grid's warps (step: its
+// matrices are, or are to be, in step order).
+static void mv_plan_runs(MvPlan *p, int step) {
+    int t = mv_threads(p, step), total = p->first_unit[p->n];
+    int warps = mv_grid_warps() / (MV_SM_THREADS / WARP) * ((t > MV_SM_THREADS ? t : MV_SM_THREADS) / WARP);
     p->upw = (total + warps - 1) / warps;
 }
 
 // Launch the plan: runs of equal length over the grid's warps.
 static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
-    int n_sub = n_in / 32, total = p->first_unit[p->n];
-    mv_plan_runs(p);
+    int n_sub = n_in / 32, total = p->first_unit[p->n], step = p->so[0].upw != 0;
+    mv_plan_runs(p, step);
     for (int m = 0; m < p->n; m++) // planes in step order must be this launch's (step_order_plan)
         if (p->so[m].upw && (p->so[m].upw != p->upw || p->so[m].first != p->first_unit[m] ||
                              p->so[m].units != p->first_unit[m + 1] - p->first_unit[m]))
             die("streaming mat-vec: matrix %d's planes are in the step order of another launch", m);
-    int used = (total + p->upw - 1) / p->upw, type = p->type[0], any_iq4 = 0;
-    for (int m = 0; m < p->n; m++) {
+    int used = (total + p->upw - 1) / p->upw, type = p->type[0];
+    for (int m = 0; m < p->n; m++)
         if (p->type[m] != type) type = -1;
-        any_iq4 |= p->type[m] == GGML_TYPE_IQ4_XS;
-    }
-    int step = p->so[0].upw != 0; // all of the plan's matrices in step order, or none (step_order_group)
+    // all of the plan's matrices in step order, or none (step_order_group)
     for (int m = 1; m < p->n; m++)
         if ((p->so[m].upw != 0) != step) die("streaming mat-vec: matrices in step order and row by row in one launch");
-    // The block shape: row-by-row launches with an IQ4_XS matrix take one block of 512 threads per SM,
-    // the others two blocks of 256 (see the comment at the top of this part).
-    int big = !step && any_iq4, threads = big ? 512 : 256, blocks = (used + threads / WARP - 1) / (threads / WARP);
-#define STREAM(T)                                                                                      \
-    if (step) matvec_stream_kernel<T, true, 256><<<blocks, 256, 0, st>>>(*p, xq, n_sub);              \
-    else if (big) matvec_stream_kernel<T, false, 512><<<blocks, 512, 0, st>>>(*p, xq, n_sub);         \
-    else matvec_stream_kernel<T, false, 256><<<blocks, 256, 0, st>>>(*p, xq, n_sub)
-    if (type < 0) STREAM(-1);
-    else FAST_TYPE_SWITCH(type, STREAM)
+    int threads = mv_threads(p, step), blocks = (used + threads / WARP - 1) / (threads / WARP);
+#define STREAM(T, STEP, THREADS) matvec_stream_kernel<T, STEP, THREADS><<<blocks, THREADS, 0, st>>>(*p, xq, n_sub)
+#define ONE_TYPE(T)                                          \
+    if (threads == MV_ONE_BLOCK && step) STREAM(T, true, MV_ONE_BLOCK); \
+    else if (threads == MV_ONE_BLOCK) STREAM(T, false, MV_ONE_BLOCK);   \
+    else if (step) STREAM(T, true, 256);                                \
+    else STREAM(T, false, 256)
+    if (type >= 0) FAST_TYPE_SWITCH(type, ONE_TYPE)
+    else if (step) STREAM(-1, true, 256);
+    else if (threads == 512) STREAM(-1, false, 512);
+    else STREAM(-1, false, 256);
+#undef ONE_TYPE
 #undef STREAM
     KERNEL_CHECK();
 }
@@ -2546,7 +2574,9 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out, co
     } else {
         for (int j = threadIdx.x; j < n; j += blockDim.x) ss += x[j] * x[j];
     }
+    KERNEL_MARK(1);
     ss = block_sum(ss);
+    KERNEL_MARK(2);
     float scale = rsqrtf(ss / n + eps);
     if (quant) {
         if (b < n / 32) {
@@ -2793,6 +2823,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
             ((__half2 *)(kc + ((size_t)pos * n_kv + j) * hd))[threadIdx.x] = kk;
         }
     }
+    KERNEL_MARK(1);
     if (threadIdx.x < g) { mh[threadIdx.x] = -INFINITY; lh[threadIdx.x] = 0.0f; }
     // Output pairs: slot k of a thread holds dims (d, d+1) of head hh for pair p = threadIdx.x + k *
     // ATT_THREADS (element 2p of the g heads' outputs); its offsets are fixed for the whole block.
@@ -2839,6 +2870,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
             *(uint4 *)(Vs + (size_t)nl * hd + 8 * threadIdx.x) = ((const uint4 *)vh)[threadIdx.x];
         }
         __syncthreads();
+        KERNEL_MARK(2);
         // scores: one thread per (head, key) pair, 8 dims per step (one 16-byte K load, two of q),
         // four partial sums so the FMAs do not wait on each other
         for (int i = threadIdx.x; i < g * nt; i += ATT_THREADS) {
@@ -2859,6 +2891,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
             ps[hh * chunk + t] = ((s0 + s1) + (s2 + s3)) * scale;
         }
         __syncthreads();
+        KERNEL_MARK(3);
         // the running softmax state per head: one warp per head
         for (int hh = wid; hh < g; hh += nw) {
             float m = mh[hh];
@@ -2905,6 +2938,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
             o[k] = make_float2(cr * o[k].x + (a.x + b.x), cr * o[k].y + (a.y + b.y));
         }
     }
+    KERNEL_MARK(4);
     if (threadIdx.x < g) {
         size_t idx = ((size_t)(j * g + threadIdx.x) * n_split + split) * 2;
         part_ml[idx] = mh[threadIdx.x];
@@ -2919,9 +2953,11 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
     //   m = max m_s,  out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m)
     __shared__ int last;
     __threadfence();
+    KERNEL_MARK(5);
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(&kv_done[j], 1) == ns - 1;
     __syncthreads();
+    KERNEL_MARK(6);
     if (!last) return;
     __threadfence();
     // weights e^(m_s - m) / l per head and split in shared memory (the K/V staging area): one warp
@@ -2935,6 +2971,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
         if (lane < ns) wts[hh * ns + lane] = e / l;
     }
     __syncthreads();
+    KERNEL_MARK(7);
     // Merged outputs, 4 consecutive dims per thread slot: quad qd = threadIdx.x + k * ATT_THREADS of
     // the g*hd/4 (16-byte loads of the partial outputs; index arithmetic once, outside the rounds).
     // Per slot, ATT_MERGE_DEPTH splits per round, every load of the round issued before the first
@@ -2975,6 +3012,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
     for (int k = 0; k < NQ; k++)
         if (q_head[k] >= 0) *(float4 *)(mo + q_head[k] * hd + q_dim[k]) = om[k];
     __syncthreads();
+    KERNEL_MARK(8);
     int nb = n_head * hd / 32;
 #pragma unroll
     for (int k = 0; k < ATT_MAX_OUT; k++) {
@@ -3241,6 +3279,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         }
     }
     if (t == 0) gdn_gates(hv, beta_raw, alpha_raw, dt_bias, ssm_a, &gate[0], &gate[1]);
+    KERNEL_MARK(1);
     __syncthreads(); // every read of the conv state is done: count this block in (its answer is
     int arrived = 0; // waited for only at the end, so the round trip overlaps the delta rule)
     if (t == 0) {
@@ -3256,6 +3295,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         if (lane == 0) part[0][wid] = ss;
     }
     __syncthreads();
+    KERNEL_MARK(2);
     // 3. the delta rule (gdn_rule, 32 lanes per row)
     float qinv = 1.0f / fmaxf(sqrtf(part[0][0]), eps), kinv = 1.0f / fmaxf(sqrtf(part[0][1]), eps);
     float qq[C], kk[C], decay = __expf(gate[0]), beta = gate[1];
@@ -3266,6 +3306,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
     }
     float oq[R];
     gdn_rule<R, C, WARP>(m, qq, kk, vs + j0, decay, beta, oq);
+    KERNEL_MARK(3);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -3276,6 +3317,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
             if (lane == r) os[j0 + r] = oq[r] * rsqrtf((float)S);
     }
     __syncthreads();
+    KERNEL_MARK(4);
     // 4. gated RMSNorm of o (warps 0 .. NT-1 hold its S values) and the 16-bit copy; thread 0 learns
     // whether this block was the last of k head hk to count in
     float v = 0.0f;
@@ -3292,6 +3334,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         }
     }
     __syncthreads();
+    KERNEL_MARK(5);
     if (wid < NT) {
         float ss = 0.0f;
 #pragma unroll
@@ -4578,7 +4621,7 @@ static void step_order_set(int n, Tensor *const *W) {
     memset(&p, 0, sizeof p);
     for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], NULL, NULL);
     if (!mv_use_stream(&p, (int)W[0]->n_in)) return;
-    mv_plan_runs(&p);
+    mv_plan_runs(&p, 1);
     for (int i = 0; i < n; i++) // rows of whole chunks, whole units: all of the launch's matrices, or none
         if (W[i]->n_in % (32 * WARP) != 0 || W[i]->n_out % MV_ROWS != 0) return;
     for (int i = 0; i < n; i++) W[i]->so = StepOrder{p.upw, p.first_unit[i], p.first_unit[i + 1] - p.first_unit[i]};

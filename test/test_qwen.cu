@@ -2156,7 +2156,7 @@ static void test_gpu_step_order(void) {
         int saved = g_mv_mode;
         g_mv_mode = MV_STREAM;
         const int n_in = 2048, warps = mv_grid_warps();
-        const int n_out[2] = {MV_ROWS * (2 * warps + 7), MV_ROWS * (warps + 5)}; // ~3 units a run
+        const int n_out[2] = {MV_ROWS * (2 * warps + 7), MV_ROWS * (warps + 5)}; // a few units a run
         size_t rb = row_bytes(type, n_in);
         Tensor W[2];
         uint8_t *w[2];

@@ -9,6 +9,7 @@
 //   span   from its first warp's start to its last warp's end
 //   ramp   from its first warp's start to the start of the warp at the 90th percentile (waves)
 //   tail   from the median warp's end to the last warp's end (the warps that finish late)
+//   marks  where a kernel has KERNEL_MARK(i) points: when its warps passed them (mean, latest)
 //
 // and the same averaged per kind of launch (kernel and grid). This is what showed that two
 // resident blocks of the streaming mat-vec are not served alike (test/PERF_NOTES.md run 17).
@@ -25,6 +26,7 @@
 typedef struct {
     unsigned long long t0, t1;
     unsigned kind, sm, block, warp;
+    unsigned mark[8]; // KERNEL_MARK(i): ns from t0 when the warp passed point i (last pass), 0: never
 } WarpRec;
 #define TRACE_CAP 200000                // records per SM
 __constant__ WarpRec *c_trace;          // (n_sm, TRACE_CAP) or NULL: not logging
@@ -42,20 +44,26 @@ __device__ __forceinline__ unsigned sm_index(void) {
 }
 struct WarpTrace {
     unsigned long long t0;
-    unsigned kind, sm, slot;
+    unsigned kind, sm, slot, mark[8];
     __device__ WarpTrace(unsigned k) : kind(k) {
         t0 = global_ns();
         sm = sm_index();
         slot = threadIdx.x % 32 == 0 ? atomicAdd(&d_trace_count[sm * 32], 1) : 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) mark[i] = 0;
     }
+    __device__ void at(int i) { mark[i - 1] = (unsigned)(global_ns() - t0); }
     __device__ ~WarpTrace() {
         if (threadIdx.x % 32 == 0 && c_trace && slot < TRACE_CAP) {
-            WarpRec r = {t0, global_ns(), kind, sm, blockIdx.x, threadIdx.x / 32};
+            WarpRec r = {t0, global_ns(), kind, sm, blockIdx.x, threadIdx.x / 32, {0}};
+#pragma unroll
+            for (int i = 0; i < 8; i++) r.mark[i] = mark[i];
             c_trace[(size_t)sm * TRACE_CAP + slot] = r;
         }
     }
 };
 #define KERNEL_TRACE(id) WarpTrace warp_trace_(id)
+#define KERNEL_MARK(i) warp_trace_.at(i)
 
 #define TESTING
 #include "../qwen.cu"
@@ -70,6 +78,8 @@ typedef struct {
     unsigned kind;
     int warps;
     double gap, span, ramp, tail; // ns
+    double mk[8], mk_max[8];      // KERNEL_MARK(i): mean and latest time a warp passed it, from the launch's start
+    int mk_n[8];                  // warps that passed it
 } Launch;
 
 static int by_start(const void *a, const void *b) {
@@ -180,7 +190,18 @@ int main(int argc, char **argv) {
         }
         qsort(t1, nw, sizeof *t1, by_value);
         Launch l = {r[i0].kind, nw, nl ? (double)(r[i0].t0 - prev_end) : 0.0, (double)(end - r[i0].t0),
-                    (double)(r[i0 + nw * 9 / 10].t0 - r[i0].t0), (double)(end - t1[nw / 2])};
+                    (double)(r[i0 + nw * 9 / 10].t0 - r[i0].t0), (double)(end - t1[nw / 2]), {0}, {0}, {0}};
+        for (int j = 0; j < nw; j++)
+            for (int k = 0; k < 8; k++) {
+                const WarpRec *w = &r[i0 + j];
+                if (!w->mark[k]) continue;
+                double t = (double)(w->t0 + w->mark[k] - r[i0].t0);
+                l.mk[k] += t;
+                l.mk_n[k]++;
+                if (t > l.mk_max[k]) l.mk_max[k] = t;
+            }
+        for (int k = 0; k < 8; k++)
+            if (l.mk_n[k]) l.mk[k] /= l.mk_n[k];
         L[nl++] = l;
         prev_end = end;
         i0 = i1;
@@ -200,7 +221,7 @@ int main(int argc, char **argv) {
         spans += L[i].span;
         if (seen[i]) continue;
         int calls = 0;
-        double g = 0, sp = 0, ra = 0, ta = 0;
+        double g = 0, sp = 0, ra = 0, ta = 0, mk[8] = {0}, mk_max[8] = {0}, mk_n[8] = {0};
         for (size_t j = i; j < nl; j++)
             if (!seen[j] && L[j].kind == L[i].kind && L[j].warps == L[i].warps) {
                 seen[j] = 1;
@@ -209,9 +230,18 @@ int main(int argc, char **argv) {
                 sp += L[j].span;
                 ra += L[j].ramp;
                 ta += L[j].tail;
+                for (int k = 0; k < 8; k++) {
+                    mk[k] += L[j].mk[k];
+                    mk_max[k] += L[j].mk_max[k];
+                    mk_n[k] += L[j].mk_n[k];
+                }
             }
         printf("  %-12s %6d %6zu %6d %8.2f %9.2f %8.2f %8.2f %10.1f %10.1f\n", kernel_name(L[i].kind), L[i].warps, i, calls,
                g / calls / 1e3, sp / calls / 1e3, ra / calls / 1e3, ta / calls / 1e3, g / 1e3, sp / 1e3);
+        for (int k = 0; k < 8; k++) // the marks: mean over the warps that passed / the latest, warps per launch
+            if (mk_n[k])
+                printf("  %14s mark %d: %7.2f mean %7.2f latest (%.0f warps)\n", "", k + 1, mk[k] / calls / 1e3,
+                       mk_max[k] / calls / 1e3, mk_n[k] / calls);
     }
     printf("  %-12s %6s %6s %6zu %8s %9s %8s %8s %10.1f %10.1f\n", "all", "", "", nl, "", "", "", "", gaps / 1e3,
            spans / 1e3);
