@@ -2160,7 +2160,7 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 //
 // C twin: matvec_xq_c per matrix.
 #define MV_SM_THREADS 512 // threads per SM of the two-block and mixed shapes (__launch_bounds__): 128 registers each
-#define MV_MAX_WARPS 16384 // warps of one grid at most (an H200 holds 132 x 16)
+#define MV_MAX_WARPS 16384 // warps of one grid at most (an H200 holds 132 x 20 in the 640-thread shape)
 #define BATCH_MAX 4
 
 typedef struct {
@@ -2393,7 +2393,8 @@ static int mv_threads(const MvPlan *p, int step) {
 // matrices are, or are to be, in step order).
 static void mv_plan_runs(MvPlan *p, int step) {
     int t = mv_threads(p, step), total = p->first_unit[p->n];
-    int warps = mv_grid_warps() / (MV_SM_THREADS / WARP) * ((t > MV_SM_THREADS ? t : MV_SM_THREADS) / WARP);
+    int per_sm = (t > MV_SM_THREADS ? t : MV_SM_THREADS) / WARP;             // 20, or 16 (512, 2 x 256)
+    int warps = mv_grid_warps() / (MV_SM_THREADS / WARP) * per_sm;         // SMs x warps per SM
     p->upw = (total + warps - 1) / warps;
 }
 
