@@ -2379,13 +2379,19 @@ static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y)
 // order on sm_70); two blocks of 256 for the rest (Q5_K alone, row-by-row launches without IQ4_XS,
 // mixed launches in step order: small shapes, other files).
 #define MV_ONE_BLOCK 640 // 20 warps at 96 registers (ptxas, sm_70 and sm_90: no spills for these)
+// The type of all the plan's matrices, or -1 when they mix types.
+static int mv_plan_type(const MvPlan *p) {
+    for (int m = 1; m < p->n; m++)
+        if (p->type[m] != p->type[0]) return -1;
+    return p->type[0];
+}
 static int mv_threads(const MvPlan *p, int step) {
-    int any_iq4 = 0, one_type = 1, t = p->type[0];
-    for (int m = 0; m < p->n; m++) {
-        any_iq4 |= p->type[m] == GGML_TYPE_IQ4_XS;
-        one_type &= p->type[m] == t;
+    int t = mv_plan_type(p);
+    if (t < 0) {
+        for (int m = 0; m < p->n; m++)
+            if (p->type[m] == GGML_TYPE_IQ4_XS) return 512;
+        return 256;
     }
-    if (!one_type) return any_iq4 ? 512 : 256;
     if (t == GGML_TYPE_IQ4_XS) return MV_ONE_BLOCK;
     return step && (t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q6_K) ? MV_ONE_BLOCK : 256;
 }
@@ -2406,9 +2412,7 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
         if (p->so[m].upw && (p->so[m].upw != p->upw || p->so[m].first != p->first_unit[m] ||
                              p->so[m].units != p->first_unit[m + 1] - p->first_unit[m]))
             die("streaming mat-vec: matrix %d's planes are in the step order of another launch", m);
-    int used = (total + p->upw - 1) / p->upw, type = p->type[0];
-    for (int m = 0; m < p->n; m++)
-        if (p->type[m] != type) type = -1;
+    int used = (total + p->upw - 1) / p->upw, type = mv_plan_type(p);
     // all of the plan's matrices in step order, or none (step_order_group)
     for (int m = 1; m < p->n; m++)
         if ((p->so[m].upw != 0) != step) die("streaming mat-vec: matrices in step order and row by row in one launch");
