@@ -1461,7 +1461,7 @@ static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
 
 #define WARP 32
 
-// The decode kernels begin with KERNEL_TRACE(id): empty here. test/trace_token.cu defines it to log
+// The kernels of the fast decode path begin with KERNEL_TRACE(id): empty here. test/trace_token.cu defines it to log
 // every warp's entry and exit on the GPU's global timer, a per-warp timeline of one token.
 enum { K_MV_STREAM = 1, K_MV_BLOCKS, K_MV_BATCH, K_RMSNORM, K_ROPE_ANGLES, K_ATTENTION, K_GDN_TOKEN, K_SILU_MUL };
 #ifndef KERNEL_TRACE
@@ -1655,7 +1655,7 @@ __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride
 // is at most amax/65024 of its block: for a Gaussian block that is ~13x smaller than fp16's relative
 // 2^-11, and unlike fp16 it cannot overflow on Qwen's large activations. Everything after the
 // 32-value integer dot (scales, sums across blocks) is fp32. (llama.cpp uses 8 bits here, 256x
-// coarser, which is what puts it at KL 2-5e-3 on the fixtures.)
+// coarser, which is what puts it at KL 2-5e-3 on the qwen2/qwen3 fixtures, 0.02-0.19 on qwen35.)
 //
 // Layout of a quantized vector of n values (nb = n/32 blocks), "chunk-major" so that 32 lanes
 // reading 32 consecutive blocks read 512 contiguous bytes:
@@ -1677,7 +1677,8 @@ typedef struct {
 } Act;
 
 // C twin of the quantizer, one block of 32 values.
-static void quantize_block_c(const float *x, int8_t *H, int8_t *L, float *s, int *sum) {
+static void quantize_block_c(const float *x /* (32) */, int8_t *H /* (32) */, int8_t *L /* (32) */, float *s /* (1) */,
+                             int *sum /* (1) */) {
     float amax = 0.0f;
     for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
     float inv = amax > 0.0f ? XQ_MAX / amax : 0.0f;
@@ -1733,18 +1734,20 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 //   Q6_K        qh plane (NB x 8 B): word w (w = 0: elements 0..15, 1: 16..31), byte b, bits 2m..2m+1 =
 //               high 2 bits of element 16w + 4m + b;  sc plane (NB/8 x 16 int8);  d plane (NB/8 x fp16)
 //
-// repack_c is the C twin (used by the tests to check repack_kernel and nothing else).
+// repack_c is the C twin (the engine never calls it; the tests check repack_kernel, the IQ4_XS
+// lookup and the step order with it).
 //
-// Step order. The streaming mat-vec (below) cuts a matrix into units of MV_ROWS rows x 32
+// Step order (a first reading can skip it until the streaming mat-vec, "--- streaming mat-vec"
+// below, which it serves). The streaming mat-vec cuts a matrix into units of MV_ROWS rows x 32
 // sub-blocks (unit c = group c / cpr, chunk c % cpr, cpr = n_sub / 32) and gives every warp of the
 // grid a run of upw consecutive units; at step k of the launch, warp w reads the k-th unit of its run.
-// Row by row those units lie upw units apart, ~2000 places spread over the whole matrix at once;
-// DRAM streams them faster when they lie side by side. So the matrices that a streaming launch reads
+// Row by row those units lie upw units apart, one place per warp (2100-2600 on an H200) spread over
+// the whole matrix at once; DRAM streams them faster when they lie side by side. So the matrices that a streaming launch reads
 // (gate and up, the DeltaNet in-projections, the output matrix, as the launches are planned at load)
 // are stored with the units in the order (step k, warp w), each unit's MV_ROWS rows of 32 sub-blocks
 // together: g = (slot * MV_ROWS + r) * 32 + l for row r of the unit, sub-block l of its chunk.
 // Everything else about the planes is unchanged, per sub-block (g) and per super-block (g / 8).
-// Measured: Q4_0 files 1.4-2.0 % faster a token (27B gate/up 31.7 -> 30.2 us); launches with an
+// Measured: Q4_0 files 1.4-2.1 % faster a token (27B gate/up 31.7 -> 30.2 us); launches with an
 // IQ4_XS matrix stay row by row (step_order_group; test/PERF_NOTES.md run 16).
 // Only matrices whose rows are whole chunks and whose row count is a multiple of MV_ROWS are stored so.
 #ifndef MV_ROWS
@@ -1811,11 +1814,12 @@ static int is_fast_type(int t) {
     case GGML_TYPE_Q6_K: LAUNCH(GGML_TYPE_Q6_K); break;         \
     }
 
-// Repack file block `blk` of a tensor with NB sub-blocks, n_sub per row, into the planes at dst, in
+// Repack file block `file_blk` of a tensor with NB sub-blocks, n_sub per row, into the planes at dst, in
 // the order so. A "block" is the file's block: 32 weights (Q4_0) or 256 (the others: 8 sub-blocks,
 // which stay side by side in every order: rows are whole 32-sub-block chunks in step order).
-__host__ __device__ static void repack_block(int type, const uint8_t *src, uint8_t *dst, size_t file_blk, size_t NB,
-                                             StepOrder so, int n_sub) {
+__host__ __device__ static void repack_block(int type, const uint8_t *src /* one file block */,
+                                             uint8_t *dst /* the tensor's planes, NB sub-blocks */, size_t file_blk,
+                                             size_t NB, StepOrder so, int n_sub) {
     size_t g0 = type == GGML_TYPE_Q4_0 ? file_blk : 8 * file_blk; // its first sub-block, row by row
     size_t blk = plane_g(so, (int)(g0 / n_sub), (int)(g0 % n_sub), n_sub);
     if (type != GGML_TYPE_Q4_0) blk /= 8;                        // its place in the planes
@@ -1874,12 +1878,14 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src, uint8
     }
 }
 
-static void repack_c(int type, const uint8_t *src, uint8_t *dst, size_t n_blocks, size_t NB, StepOrder so, int n_sub) {
+static void repack_c(int type, const uint8_t *src /* (n_blocks) file blocks */, uint8_t *dst /* planes, NB sub-blocks */,
+                     size_t n_blocks, size_t NB, StepOrder so, int n_sub) {
     for (size_t i = 0; i < n_blocks; i++) repack_block(type, src + i * TYPE_TRAITS[type].type_size, dst, i, NB, so, n_sub);
 }
 
 __global__ void repack_kernel(int type, int type_size, const uint8_t *src /* (n_blocks) file blocks */,
-                              uint8_t *dst, size_t b0, size_t n_blocks, size_t NB, StepOrder so, int n_sub) {
+                              uint8_t *dst /* planes, NB sub-blocks */, size_t b0, size_t n_blocks, size_t NB,
+                              StepOrder so, int n_sub) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n_blocks) repack_block(type, src + i * type_size, dst, b0 + i, NB, so, n_sub);
 }
@@ -1948,8 +1954,9 @@ typedef struct {
 // in L1 and L2. A token streams ~15 GB of weights through a 50 MB L2 (6 MB on a V100); with normal
 // loads they would push out everything else in it on the way: the kernels' instructions, the input
 // vectors, the KV cache, the norms' weights, so that every launch started on DRAM misses. Measured
-// on the H200 against ld.global.cg (L2 only, normal priority): 27B IQ4_XS 6.57 -> 6.50 ms per token,
-// Qwen3-32B Q4_0 7.27 -> 6.82 (64 attention layers, whose kernel had stalled on instruction
+// on the H200 against ld.global.cg (L2 only, normal priority), the weights alone: 27B IQ4_XS 6.57 ->
+// 6.50 ms per token, Qwen3-32B Q4_0 7.27 -> 6.82 (with the DeltaNet state and the K/V rows also
+// evict-first: 6.45 and 6.75; 64 attention layers, whose kernel had stalled on instruction
 // misses). Not the read-only path (__ldg, ld.global.nc): there ptxas may drop a loaded register and
 // load it again next to its use, which would undo the loads in flight that the kernels below arrange.
 __device__ __forceinline__ int4 ldw(const int4 *p) {
@@ -1973,7 +1980,7 @@ __device__ __forceinline__ unsigned short ldw(const unsigned short *p) {
     return v;
 }
 
-template <int TYPE> __device__ WSub sub_load(const uint8_t *W, unsigned g, size_t NB);
+template <int TYPE> __device__ WSub sub_load(const uint8_t *W /* planes, NB sub-blocks */, unsigned g, size_t NB);
 template <int TYPE> __device__ float sub_dot(const WSub &w, int sub, const XBlock &x);
 
 // Q4_0: w = d * (q - 8)   ->   d * s * (sum q*X - 8 * sum X)
@@ -2156,7 +2163,7 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 // block per SM working alone (test/PERF_NOTES.md run 17). 640 threads, because the loop is held by
 // memory latency and by the IQ4_XS lookup's arithmetic in turn, and four more warps per SM hide
 // more of both: against 16 warps (512 or 2 x 256), 27B IQ4_XS 1.1 %, Qwen3-32B IQ4_XS 2.9 %,
-// Qwen3-32B Q4_0 1.9 % faster a token (768 threads spill and are 4-8 % slower; run 18).
+// Qwen3-32B Q4_0 1.9 % faster a token (768 threads spill and are 4-10 % slower; run 18).
 //
 // C twin: matvec_xq_c per matrix.
 #define MV_SM_THREADS 512 // threads per SM of the two-block and mixed shapes (__launch_bounds__): 128 registers each
@@ -2439,7 +2446,7 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
 // C twin: matvec_xq_c.
 // Rows per block: more rows share each activation load and put more bytes in flight per thread;
 // fewer give long rows more blocks. 8 measured fastest on the 27B files, and half of it for rows
-// longer than one pass of the block (matvec(); test/PERF_NOTES.md).
+// longer than one pass of the block and for Q4_0's rows (matvec(); test/PERF_NOTES.md).
 #ifndef FAST_ROWS
 #define FAST_ROWS 8 // rows per block of the mat-vecs
 #endif
@@ -2498,7 +2505,8 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
 
 template <int TYPE, int R, bool LOADS_FIRST>
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
-matvec_fast_kernel(const uint8_t *W, XQ xq, const float *bias, float *y, int n_sub, int n_out, int accumulate) {
+matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */, XQ xq /* (n_sub) blocks */,
+                   const float *bias /* (n_out) or NULL */, float *y /* (n_out) */, int n_sub, int n_out, int accumulate) {
     KERNEL_TRACE(K_MV_BLOCKS);
     fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
 }
@@ -2506,9 +2514,9 @@ matvec_fast_kernel(const uint8_t *W, XQ xq, const float *bias, float *y, int n_s
 // Up to four mat-vecs on the same input in one launch (q, k, v; or DeltaNet's qkv, z, beta, alpha):
 // each block finds its matrix by its index; the matrices may have different fast types.
 typedef struct {
-    const uint8_t *w[BATCH_MAX];
-    const float *bias[BATCH_MAX]; // or NULL
-    float *y[BATCH_MAX];
+    const uint8_t *w[BATCH_MAX];    // planes of matrix i, NB = n_out[i] * n_sub sub-blocks
+    const float *bias[BATCH_MAX];   // (n_out[i]) or NULL
+    float *y[BATCH_MAX];            // (n_out[i]) out
     int type[BATCH_MAX], n_out[BATCH_MAX];
     int first_block[BATCH_MAX + 1]; // blocks before matrix i; first_block[n] = all blocks
     int n;
@@ -2534,8 +2542,9 @@ static int fast_threads(int n_sub) {
 
 // C twin of the fast mat-vecs: the dequantized weights (file layout) against the dequantized
 // 16-bit activations, summed in double.
-static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int8_t *L, const float *s /* (n_in/32) */,
-                        const float *bias, float *y, int accumulate, float *row /* (n_in) scratch */) {
+static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int8_t *L /* (n_in) */,
+                        const float *s /* (n_in/32) */, const float *bias /* (n_out) or NULL */, float *y /* (n_out) */,
+                        int accumulate, float *row /* (n_in) scratch */) {
     size_t rb = row_bytes(W->type, W->n_in);
     for (int64_t r = 0; r < W->n_out; r++) {
         dequant_row(W->type, W->host + r * rb, row, W->n_in);
@@ -2554,7 +2563,7 @@ static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int
 // so every load is issued before the first add: x as up to 8 float4 per thread, and the block's own
 // x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
 #define NORM_THREADS 256
-__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out, const float *x, const float *w /* (n) */, int n, float eps) {
+__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */, int n, float eps) {
     KERNEL_TRACE(K_RMSNORM);
     int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     int quant = out.q.q && n % 32 == 0, b = blockIdx.x * nw + threadIdx.x / WARP, i = 32 * b + lane;
@@ -2614,8 +2623,9 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
                                          const float *q_norm, // (hd) or NULL
                                          const float *k_norm, // (hd) or NULL
                                          __half *kc,          // (n_ctx, n_kv, hd) this layer's caches
-                                         __half *vc,
-                                         const int *pos_p, int n_head, int n_kv, int hd, int n_rot,
+                                         __half *vc,          // (n_ctx, n_kv, hd)
+                                         const int *pos_p,    // (1) this token's position, on the GPU
+                                         int n_head, int n_kv, int hd, int n_rot,
                                          float base, float freq_scale, float eps) {
     extern __shared__ float buf[]; // (hd)
     int h = blockIdx.x, t = blockIdx.y, pos = *pos_p + t; // prefill: row t of the batch (decode: 0)
@@ -2657,7 +2667,8 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
 }
 
 // Attention for the token at *pos, split along the keys ("flash decoding") so that long contexts
-// spread over many blocks. The keys [0, pos] are cut into chunks of `chunk` keys, and the chunks
+// spread over many blocks. The keys [0, pos] are cut into chunks of ck keys (ck <= chunk, at
+// least ATT_MIN_CHUNK; below), and the chunks
 // into at most n_split splits of cps consecutive chunks each (cps = ceil(chunks / n_split), so
 // the number of splits, and the cost of merging them, stays bounded as the context grows). Block
 // (kv head j, split s) takes its chunks one after the other for the g = n_head/n_kv query heads
@@ -2671,8 +2682,9 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
 // writes k and v into the cache and uses them from shared memory.
 // C twin: attention_c (after rmsnorm_c and rope_neox_c for the fold).
 #define ATT_THREADS 256
-// keys per chunk: 64 for head_dim <= 128, fewer for wider heads (shared memory)
-static int att_chunk(int hd) { return hd <= 128 ? 64 : 8192 / hd; }
+// keys per chunk: 64 for head_dim <= 128, fewer for wider heads (shared memory: chunk * hd <= 8192
+// halves of K, as many of V), a multiple of 8 (the score rows are read as float4s; 256: 32)
+static int att_chunk(int hd) { return hd <= 128 ? 64 : 8192 / hd / 8 * 8; }
 // Most splits per kv head for a cache of n_ctx keys: one chunk each up to 32 chunks, then longer
 // splits, so the merge reads at most 32 partial states per head, one per lane of a warp. (Fewer,
 // longer splits measured slower at 2048 keys: 8 and 16 splits per head against 32 on the H200,
@@ -2721,7 +2733,7 @@ __global__ void rope_angles_kernel(float2 *cs, const int *pos_p, int n_rot, floa
     if (i < n_rot / 2) cs[i] = rope_angle(*pos_p, i, n_rot, base, freq_scale);
 }
 // Shortest chunk: short contexts are cut into shorter chunks, so that their keys spread over all
-// n_split splits (more blocks, each with less work: at 128 keys 9 splits of 16 instead of 2 of 64).
+// n_split splits (more blocks, each with less work: at 128 keys 8 splits of 16 instead of 2 of 64).
 #define ATT_MIN_CHUNK 16
 // HD > 0: the head dim as a compile-time constant (unrolled loops, immediate offsets); 0: hd_arg.
 template <int HD>
@@ -2736,7 +2748,8 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
                        Act out,           // (n_head, hd) the merged output
                        const float *gate, // (n_head, gate_stride) qwen35: out *= sigmoid(gate), or NULL
                        int gate_stride,
-                       const int *pos_p, int n_head, int n_kv, int hd_arg, int n_split, int chunk) {
+                       const int *pos_p,  // (1) this token's position, on the GPU
+                       int n_head, int n_kv, int hd_arg, int n_split, int chunk) {
     KERNEL_TRACE(K_ATTENTION);
     extern __shared__ uint4 smem[];
     const int hd = HD > 0 ? HD : hd_arg;
@@ -3034,6 +3047,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
 // --- Gated DeltaNet (qwen35) ---------------------------------------------------------------------
 
 // v head hv's gates: g = softplus(alpha + dt_bias) * a (the log decay), beta = sigmoid(beta_raw).
+// beta_raw, alpha_raw, dt_bias, ssm_a: (Hv) each; g, beta: one value each.
 __device__ __forceinline__ void gdn_gates(int hv, const float *beta_raw, const float *alpha_raw, const float *dt_bias,
                                           const float *ssm_a, float *g, float *beta) {
     float x = alpha_raw[hv] + dt_bias[hv];
@@ -3124,7 +3138,7 @@ __device__ __forceinline__ void gdn_rule(float (&m)[R][C], const float *qq, cons
 // sqrt(S). A single token uses L = 32, R = 1 (the most blocks); a prompt L = 8 (16 when S > 128), R = 2: the
 // reductions, log2(L) shuffle levels per value, are what a prompt's recurrence waits on.
 // Grid (Hv, S / (GDN_ROWS * 32/L * R)). C twin: gdn_step_c.
-#define GDN_ROWS 4 // warps per block
+#define GDN_ROWS 4 // warps per block (each holds 32/L groups of R state rows)
 template <int NT, int R, int L>
 __global__ void __launch_bounds__(GDN_ROWS * WARP)
 gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
@@ -3376,7 +3390,7 @@ static void gdn_token(float *state, float *cs, const float *mixed, const float *
 
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy): the FFN's
 // activation after its gate and up mat-vecs. C twin: the loop in forward_cpu.
-__global__ void silu_mul_quant_kernel(Act h, const float *u, int n) {
+__global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u /* (n) */, int n) {
     KERNEL_TRACE(K_SILU_MUL);
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     float v = 0.0f;
@@ -3391,8 +3405,9 @@ __global__ void silu_mul_quant_kernel(Act h, const float *u, int n) {
 // --- host launchers -------------------------------------------------------------------------------
 
 // Which fast mat-vec kernel a plan takes. The streaming kernel pays off when a warp's run holds
-// about two whole row groups on average (1.9 or more): measured on the H200, it streams the output
-// matrix at 91 % of the copy bandwidth (the per-block kernel: 73 %), gate/up faster and the 27B's
+// about two whole row groups on average (1.9 or more, counted for a grid of 16 warps per SM,
+// mv_grid_warps, whatever block shape the launch then takes): measured on the H200, it streams the
+// output matrix at 91-96 % of the copy bandwidth (the per-block kernel: 73 %), gate/up faster and the 27B's
 // DeltaNet projections (1.95 groups a run) 0.4-0.5 % of a token faster; a shorter run is a chain of
 // memory latencies whose groups are shared between warps, and there the per-block kernels are
 // faster (ffn_down, the attention projections, ssm_out; test/PERF_NOTES.md).
@@ -3428,7 +3443,8 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
         // Rows longer than one pass of the block (the FFN down projections) take half the rows per
         // block, all loads first: twice the blocks, since each one walks its rows pass after pass.
         // One-pass rows of Q4_0 too (its arithmetic is short, so the loads are what a block waits
-        // on; H200: Qwen3-32B Q4_0 6.75 -> 6.50 ms a token, 27B Q4_0 5.91 -> 5.84); the other types'
+        // on; H200, the sweep's build: Qwen3-32B Q4_0 6.75 -> 6.50 ms a token, 27B Q4_0 5.91 -> 5.84;
+        // commit to commit 6.70 -> 6.45, test/PERF_NOTES.md run 13); the other types'
         // one-pass rows take FAST_ROWS, no barrier (the 27B IQ4_XS file with all its one-pass rows
         // at half, with the barrier: 0.5 % slower).
         int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
