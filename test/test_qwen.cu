@@ -1776,7 +1776,9 @@ static void test_gpu_small_kernels(void) {
                            "gpu silu_mul_quant_kernel vs silu_c * u + quantize_block_c",
                            "gpu rope_angles + attention with RoPE + KV store folded in vs rope_neox_c + attention_c (g=3, hd=64)",
                            "gpu attention with q/k norm, RoPE + KV store folded in vs rmsnorm_c + rope_neox_c + attention_c (g=8, hd=128)",
-                           "gpu attention with q/k norm, partial RoPE (64 of 256) + KV store folded in, sigmoid gate vs C (g=6, hd=256)"};
+                           "gpu attention with q/k norm, partial RoPE (64 of 256) + KV store folded in, sigmoid gate vs C (g=6, hd=256)",
+                           "gpu attention split+combine (chunks of 16-40 keys, 1 or more per split) vs attention_c (g=2, hd=192)",
+                           "gpu attention with q/k norm, RoPE + KV store folded in vs rmsnorm_c + rope_neox_c + attention_c (g=2, hd=192)"};
     if (SKIP_ALL_WITHOUT_GPU(names)) return;
     // rmsnorm + quantize
     {
@@ -1841,8 +1843,10 @@ static void test_gpu_small_kernels(void) {
         cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(kc); cudaFree(vc); cudaFree(dpos); cudaFree(dqn); cudaFree(dkn);
     }
     // attention: a random fp16 cache; the C twin reads the same fp16 values widened to fp32
-    const int cfg[3][3] = {{6, 2, 64}, {8, 1, 128}, {12, 2, 256}}; // n_head, n_kv, hd
-    for (int ci = 0; ci < 3; ci++) {
+    // n_head, n_kv, hd; 192: a head dim of the generic kernel whose chunk is not 8192 / hd (a multiple
+    // of 8: the score rows are read as float4s)
+    const int cfg[4][3] = {{6, 2, 64}, {8, 1, 128}, {12, 2, 256}, {4, 2, 192}};
+    for (int ci = 0; ci < 4; ci++) {
         int n_head = cfg[ci][0], n_kv = cfg[ci][1], hd = cfg[ci][2], n_ctx = 300, gated = ci == 2; // qwen35-like
         float *gate = (float *)xmalloc((size_t)n_head * 2 * hd * 4);
         for (int i = 0; i < n_head * 2 * hd; i++) gate[i] = nrand() * 2;
@@ -1891,7 +1895,7 @@ static void test_gpu_small_kernels(void) {
         int counters[2] = {1, 1};
         CUDA_CHECK(cudaMemcpy(counters, kv_done, n_kv * 4, cudaMemcpyDeviceToHost));
         same &= counters[0] == 0 && (n_kv < 2 || counters[1] == 0); // reset for the next token
-        report(e <= 1e-4 && same, names[4 + ci], e, 1e-4);
+        report(e <= 1e-4 && same, names[ci < 3 ? 4 + ci : 11], e, 1e-4);
 
         // The same attention with this token's RoPE (after the per-head norm for ci >= 1) and KV store
         // folded in: raw q (qwen35: [q | gate] per head), raw k and v. The C side: rmsnorm_c and
@@ -1944,7 +1948,7 @@ static void test_gpu_small_kernels(void) {
                 free_hxq(&gq); free_hxq(&wq);
             }
             // output: |d| as above; the cache rows: an off-by-one fp16 rounding shows as 4.9e-5
-            report(ea <= 1e-4 && ec <= 1e-4 && samef, names[8 + ci], fmax(ea, ec), 1e-4);
+            report(ea <= 1e-4 && ec <= 1e-4 && samef, names[ci < 3 ? 8 + ci : 12], fmax(ea, ec), 1e-4);
             cudaFree(dqs); cudaFree(dqn); cudaFree(dkn); cudaFree(dkr); cudaFree(dvr); cudaFree(dcs);
             free(qsrc); free(qr); free(k); free(v); free(kr); free(qn); free(kn); free(row);
         }
