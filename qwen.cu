@@ -1461,8 +1461,9 @@ static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
 
 #define WARP 32
 
-// The kernels of the fast decode path begin with KERNEL_TRACE(id): empty here. test/trace_token.cu defines it to log
-// every warp's entry and exit on the GPU's global timer, a per-warp timeline of one token.
+// The kernels of the fast decode path begin with KERNEL_TRACE(id): empty here. test/trace_token.cu
+// defines it to log every warp's entry and exit on the GPU's global timer, a per-warp timeline of
+// one token.
 enum { K_MV_STREAM = 1, K_MV_BLOCKS, K_MV_BATCH, K_RMSNORM, K_ROPE_ANGLES, K_ATTENTION, K_GDN_TOKEN, K_SILU_MUL };
 #ifndef KERNEL_TRACE
 #define KERNEL_TRACE(id)
@@ -1742,10 +1743,11 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 // sub-blocks (unit c = group c / cpr, chunk c % cpr, cpr = n_sub / 32) and gives every warp of the
 // grid a run of upw consecutive units; at step k of the launch, warp w reads the k-th unit of its run.
 // Row by row those units lie upw units apart, one place per warp (2100-2600 on an H200) spread over
-// the whole matrix at once; DRAM streams them faster when they lie side by side. So the matrices that a streaming launch reads
-// (gate and up, the DeltaNet in-projections, the output matrix, as the launches are planned at load)
-// are stored with the units in the order (step k, warp w), each unit's MV_ROWS rows of 32 sub-blocks
-// together: g = (slot * MV_ROWS + r) * 32 + l for row r of the unit, sub-block l of its chunk.
+// the whole matrix at once; DRAM streams them faster when they lie side by side. So the matrices
+// that a streaming launch reads (gate and up, the DeltaNet in-projections, the output matrix, as the
+// launches are planned at load) are stored with the units in the order (step k, warp w), each unit's
+// MV_ROWS rows of 32 sub-blocks together: g = (slot * MV_ROWS + r) * 32 + l for row r of the unit,
+// sub-block l of its chunk.
 // Everything else about the planes is unchanged, per sub-block (g) and per super-block (g / 8).
 // Measured: Q4_0 files 1.4-2.1 % faster a token (27B gate/up 31.7 -> 30.2 us); launches with an
 // IQ4_XS matrix stay row by row (step_order_group; test/PERF_NOTES.md run 16).
@@ -2506,7 +2508,8 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
 template <int TYPE, int R, bool LOADS_FIRST>
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
 matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */, XQ xq /* (n_sub) blocks */,
-                   const float *bias /* (n_out) or NULL */, float *y /* (n_out) */, int n_sub, int n_out, int accumulate) {
+                   const float *bias /* (n_out) or NULL */, float *y /* (n_out) */, int n_sub, int n_out,
+                   int accumulate) {
     KERNEL_TRACE(K_MV_BLOCKS);
     fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
 }
@@ -2563,7 +2566,8 @@ static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int
 // so every load is issued before the first add: x as up to 8 float4 per thread, and the block's own
 // x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
 #define NORM_THREADS 256
-__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */, int n, float eps) {
+__global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */, int n, float eps) {
     KERNEL_TRACE(K_RMSNORM);
     int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     int quant = out.q.q && n % 32 == 0, b = blockIdx.x * nw + threadIdx.x / WARP, i = 32 * b + lane;
