@@ -2739,6 +2739,25 @@ __global__ void rope_angles_kernel(float2 *cs, const int *pos_p, int n_rot, floa
 // Shortest chunk: short contexts are cut into shorter chunks, so that their keys spread over all
 // n_split splits (more blocks, each with less work: at 128 keys 8 splits of 16 instead of 2 of 64).
 #define ATT_MIN_CHUNK 16
+// How the keys 0..pos of a token are cut, the same in every block of the launch: chunks of ck <=
+// chunk keys, ceil((pos + 1) / n_split) rounded up to 8 and at least ATT_MIN_CHUNK (ck is chunk, the
+// shared memory's size, once (pos + 1) / n_split passes chunk - 8: from 1793 keys at 32 splits of
+// 64); chunk c holds keys c * ck .. min(c * ck + ck, pos + 1) - 1. Split s takes chunks s * cps ..
+// min(s * cps + cps, n_chunks) - 1; ns <= n_split splits have chunks (the grid's others return at
+// once), and the last, ns - 1, holds key pos. Past n_split * chunk keys each split takes cps >= 2
+// chunks one after the other. Host and device: the tests check these promises on the CPU for every
+// position up to 4200 keys.
+typedef struct {
+    int ck, n_chunks, cps, ns;
+} AttCut;
+__host__ __device__ __forceinline__ AttCut att_cut(int pos, int n_split, int chunk) {
+    AttCut a;
+    a.ck = min(chunk, max(ATT_MIN_CHUNK, ((pos + n_split) / n_split + 7) / 8 * 8));
+    a.n_chunks = pos / a.ck + 1;
+    a.cps = (a.n_chunks + n_split - 1) / n_split;
+    a.ns = (a.n_chunks + a.cps - 1) / a.cps;
+    return a;
+}
 // HD > 0: the head dim as a compile-time constant (unrolled loops, immediate offsets); 0: hd_arg.
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, 2) // 2 blocks per SM: at most 128 registers
@@ -2758,10 +2777,8 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
     extern __shared__ uint4 smem[];
     const int hd = HD > 0 ? HD : hd_arg;
     int j = blockIdx.x, split = blockIdx.y, pos = *pos_p;
-    // this token's chunk length ck <= chunk: ceil((pos + 1) / n_split) keys rounded up to 8, at
-    // least ATT_MIN_CHUNK (chunk, the shared memory's size, from 2048 keys on for 32 splits)
-    int ck = min(chunk, max(ATT_MIN_CHUNK, ((pos + n_split) / n_split + 7) / 8 * 8));
-    int n_chunks = pos / ck + 1, cps = (n_chunks + n_split - 1) / n_split, ns = (n_chunks + cps - 1) / cps;
+    AttCut cut = att_cut(pos, n_split, chunk); // this token's chunks and splits
+    int ck = cut.ck, n_chunks = cut.n_chunks, cps = cut.cps, ns = cut.ns;
     if (split >= ns) return;
     int g = n_head / n_kv;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;

@@ -425,6 +425,43 @@ static void test_step_order(void) {
     report(bad == 0, "step order: repack_c's planes hold every sub-block at plane_g (4 fast types)", bad, 0);
 }
 
+// The decode attention's cut of the keys (att_cut, att_chunk): the promises its kernel relies on, for
+// every position up to 4200 keys, every split count and the chunk sizes of head dims 32..512.
+static void test_att_cut(void) {
+    int bad = 0;
+    for (int hd = 32; hd <= 512; hd += 32) {
+        int c = att_chunk(hd);
+        // a multiple of 8 (float4 score rows), at least the shortest chunk, K and V fit the staging
+        bad += c % 8 != 0 || c < ATT_MIN_CHUNK || c * hd > 8192 || c * hd / 8 > ATT_STAGE * ATT_THREADS;
+    }
+    report(bad == 0, "attention: att_chunk(hd) for head dims 32..512 (multiple of 8, fits the staging)", bad, 0);
+    bad = 0;
+    const int chunks[] = {64, 40, 32, 16}; // head dims <= 128, 192, 256, 512
+    static char seen[4201];
+    for (int ci = 0; ci < 4; ci++)
+        for (int n_split = 1; n_split <= WARP; n_split++)
+            for (int pos = 0; pos < 4200; pos++) {
+                AttCut a = att_cut(pos, n_split, chunks[ci]);
+                bad += a.ck % 8 != 0 || a.ck < ATT_MIN_CHUNK || a.ck > chunks[ci] || a.ns < 1 || a.ns > n_split;
+                memset(seen, 0, pos + 1);
+                int last = -1;
+                for (int s = 0; s < a.ns; s++) { // each split's chunks, as the kernel walks them
+                    int c0 = s * a.cps, c1 = c0 + a.cps < a.n_chunks ? c0 + a.cps : a.n_chunks;
+                    bad += c0 >= c1; // every split up to ns has a chunk
+                    for (int c = c0; c < c1; c++) {
+                        int t0 = c * a.ck, nt = a.ck < pos + 1 - t0 ? a.ck : pos + 1 - t0;
+                        bad += nt < 1;
+                        for (int t = t0; t < t0 + nt; t++) bad += t > pos || seen[t]++;
+                        if (t0 + nt - 1 == pos) last = s;
+                    }
+                }
+                for (int t = 0; t <= pos; t++) bad += !seen[t];
+                bad += last != a.ns - 1; // the own block (the last split) holds key pos
+            }
+    report(bad == 0, "attention: att_cut covers keys 0..pos once, splits <= n_split, the last holds pos (4 chunk sizes, "
+                     "1..32 splits, pos < 4200)", bad, 0);
+}
+
 // =================================================================================================
 // C dequantizers on hand-built blocks (values worked out from the format descriptions)
 // =================================================================================================
@@ -2539,6 +2576,7 @@ int main(int argc, char **argv) {
     test_dequantizers();
     test_iq4_planes();
     test_step_order();
+    test_att_cut();
     test_sampler();
     test_tokenizer();
     test_cli();
