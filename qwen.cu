@@ -3615,13 +3615,15 @@ static void attention_setup(int n_head, int n_kv, int hd) {
 //
 // Float weights (F32, F16, BF16 files: the exact references) are the exception: their products run
 // in fp32 on the CUDA cores from an fp32 copy of the rows (ActH.f), so a batched prompt keeps the
-// precision of the token-by-token path (fp16 operands cost ~1e-4 of KL on the small qwen35 model).
+// precision of the token-by-token path (with fp16 operands the quantized qwen35 fixtures' batched
+// prompts land at KL 1e-4 ... 6e-4 from their token-by-token run, README; the float files stay at
+// 1e-8 ... 1e-6).
 
 typedef struct {
     __half *h; // (T, ld) X = x / s
     float *s;  // (T) row scales
     int ld;    // row stride in elements (a multiple of 8)
-    float *f;  // (T, ld) the rows x in fp32, for float weights (below); NULL when no product needs them
+    float *f;  // (T, ld) the rows x in fp32, for float weights (above); NULL when no product needs them
 } ActH;
 
 __host__ __device__ static float row_scale(float amax) {
@@ -3644,7 +3646,7 @@ __host__ __device__ static float row_scale(float amax) {
 // (0..255) becomes an fp16 by writing it under the exponent of 1024, whose ulp is 1,
 //   bits 0x6400 | c  =  1024 + c   (exact),    so   (0x6400 | c) - (1024 + o) = c - o   (exact)
 // and one byte permute builds two of them from two bytes of quants. The weight is then one fp16
-// multiply (or fma) by the sub-block scale rounded to fp16: one rounding, as in the twin.
+// multiply by the sub-block scale rounded to fp16: one rounding, as in the twin.
 //   Q4_0:   c = q,          w = (c - 8) * d                       (d is fp16 already: the exact value)
 //   IQ4_XS: c = kvalue + 128, w = (c - 128) * fp16(d * (ls - 32))
 //   Q6_K:   c = q (6 bits), w = (c - 32) * fp16(d * sc)
@@ -3654,7 +3656,8 @@ __host__ __device__ static float row_scale(float amax) {
 
 typedef struct { uint4 q, e, f, g; } WRaw; // q: quants (F16: all four are values), e: scales
 
-template <int TYPE> __device__ WRaw w_load(const uint8_t *W, int row, int u, size_t g, int n_in, size_t NB);
+template <int TYPE> __device__ WRaw w_load(const uint8_t *W /* planes (NB sub-blocks) or fp16 rows */, int row, int u, size_t g,
+                                           int n_in, size_t NB);
 template <int TYPE> __device__ void w_decode(const WRaw &r, __half *out);
 
 // Bytes 0, 1 (sel 0x5140) or 2, 3 (sel 0x5342) of c as the fp16 pair 1024 + c, minus 1024 + o.
@@ -3663,7 +3666,7 @@ __device__ __forceinline__ __half2 small_ints_h2(uint32_t c, int sel, __half2 of
     return __hsub2(*(__half2 *)&h, off);
 }
 // The 4 + 4 integers of lo (elements 4k..4k+3) and hi (16+4k..16+4k+3), each minus o, times scale
-// sc_lo / sc_hi (plus add when fma), to the 32 fp16 weights out of the unit.
+// sc_lo / sc_hi, to the 32 fp16 weights out of the unit.
 __device__ __forceinline__ void put8(__half *out, int k, uint32_t lo, uint32_t hi, __half2 off, __half2 sc_lo,
                                      __half2 sc_hi) {
     __half2 *o = (__half2 *)out;
@@ -3783,7 +3786,8 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw 
 // The fp16 copy of rows [r0, r0 + n_rows) of a weight in its file layout (the types without planes),
 // for the product to read as GGML_TYPE_F16: one thread per 32-weight unit.
 template <int TYPE>
-__global__ void dequant_f16_kernel(const uint8_t *W, size_t row_stride, __half *out /* (n_rows, n_in) */, int r0,
+__global__ void dequant_f16_kernel(const uint8_t *W /* rows of row_stride bytes */, size_t row_stride,
+                                   __half *out /* (n_rows, n_in) */, int r0,
                                    int n_rows, int n_in) {
     int n_units = n_in / 32;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3971,8 +3975,9 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
 
 // The tiles that matmul_kernel cut between blocks: y[t, n] (+)= (sum of the pieces in k order)
 // (+ bias[n]). One block per tile; tiles that one block finished return at once.
-__global__ void matmul_fixup_kernel(float *y, int ldy, const float *part, int G, const float *bias, int T, int n_in,
-                                    int n_out, int accumulate) {
+__global__ void matmul_fixup_kernel(float *y /* (T, ldy) */, int ldy, const float *part /* (G, 2, MM_TT, MM_TN) */,
+                                    int G, const float *bias /* (n_out) or NULL */, int T, int n_in, int n_out,
+                                    int accumulate) {
     int n_steps = (n_in / 32 + 1) / 2, n_tt = (T + MM_TT - 1) / MM_TT, tile = blockIdx.x;
     long long total = (long long)n_tt * ((n_out + MM_TN - 1) / MM_TN) * n_steps;
     int b_first = mm_owner((long long)tile * n_steps, total, G), b_last = mm_owner((long long)(tile + 1) * n_steps - 1, total, G);
@@ -4011,8 +4016,8 @@ static void mm_weight_row(int type, const uint8_t *src, float *w, int n_in) {
 // operands: for quantized weights the fp16 weights of mm_weight_row times the fp16 rows X
 // (then * s), for float weights the weight times the fp32 rows xf. Only the summation order differs.
 static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */, const float *xs /* (T) */,
-                     const float *xf /* (T, ld) */, int ld, int T, float *y /* (T, ldy) */, int ldy, const float *bias,
-                     int accumulate, float *row /* (n_in) */) {
+                     const float *xf /* (T, ld) */, int ld, int T, float *y /* (T, ldy) */, int ldy,
+                     const float *bias /* (n_out) or NULL */, int accumulate, float *row /* (n_in) */) {
     int n_in = (int)W->n_in, exact = is_float_weight(W->type);
     size_t rb = row_bytes(W->type, W->n_in);
     for (int64_t n = 0; n < W->n_out; n++) {
@@ -4046,8 +4051,9 @@ template <> __device__ __forceinline__ float wf<GGML_TYPE_BF16>(const uint8_t *W
     return __uint_as_float((uint32_t)((const uint16_t *)W)[i] << 16);
 }
 template <int TYPE>
-__global__ void __launch_bounds__(256) matmul_f32_kernel(const uint8_t *W /* (n_out, n_in) */, ActH x, float *y, int ldy,
-                                                         const float *bias, int T, int n_in, int n_out, int accumulate) {
+__global__ void __launch_bounds__(256) matmul_f32_kernel(const uint8_t *W /* (n_out, n_in) */, ActH x, float *y /* (T, ldy) */,
+                                                         int ldy, const float *bias /* (n_out) or NULL */, int T, int n_in,
+                                                         int n_out, int accumulate) {
     __shared__ float xs[SG_K][SG_T + 1], ws[SG_K][SG_N + 1];
     int t0 = blockIdx.x * SG_T, n0 = blockIdx.y * SG_N;
     int tx = threadIdx.x % 16, ty = threadIdx.x / 16; // this thread: tokens t0 + 4ty.., rows n0 + 4tx..
@@ -4112,7 +4118,7 @@ __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_rows_kernel(ActH out, con
 }
 
 // out[t] = silu(g[t]) * u[t] as an fp16 row with its scale (the FFN's hidden row). C twin: silu_c(g) * u
-// in forward_cpu.
+// in ffn_block_cpu.
 __global__ void __launch_bounds__(ROW_THREADS) silu_mul_rows_kernel(ActH out, const float *g /* (T, n) */,
                                                                     const float *u /* (T, n) */, int n) {
     size_t r = (size_t)blockIdx.x * n;
@@ -4293,7 +4299,7 @@ __global__ void gdn_conv_rows_kernel(float *y,        // (T, conv_dim) out
     }
     y[i] = silu(sum);
 }
-__global__ void gdn_conv_state_kernel(float *cs, const float *x /* (T, conv_dim) */, int conv_dim, int T) {
+__global__ void gdn_conv_state_kernel(float *cs /* (3, conv_dim) */, const float *x /* (T, conv_dim) */, int conv_dim, int T) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= conv_dim) return;
     float v[3];
@@ -4349,7 +4355,7 @@ __global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */, co
 // ------------------------------------------------------------------------------------------------
 // All device memory is allocated once, before the first token: the weights in one allocation walked
 // by a pointer, the run state in another. Nothing is allocated in the token loop. The per-token work
-// (about 9 launches per layer) is captured once as a CUDA graph and replayed for every token; the
+// (8 launches per layer) is captured once as a CUDA graph and replayed for every token; the
 // position lives in device memory so the same graph serves every position. A prompt goes through
 // forward_gpu_batch instead (end of this section): the same layers on up to -b rows at once, with
 // the kernels of section 6b, into the same KV cache and DeltaNet states.
@@ -4389,7 +4395,7 @@ typedef struct {
     __half *key_cache;     // (n_kv_layers, n_ctx, n_head_kv, head_dim)
     __half *value_cache;   // (n_kv_layers, n_ctx, n_head_kv, head_dim)
     int *pos;              // (1) position of the token being processed
-    float2 *rope_cs;       // (head_dim / 2) cos, sin of its RoPE angles (rope_angles_kernel)
+    float2 *rope_cs;       // (head_dim / 2; the first n_rot / 2 used) cos, sin of its RoPE angles (rope_angles_kernel)
     float *h_x;            // pinned host (n_embd): the embedding row on its way up
     int *h_pos;            // pinned host (1)
     float *h_logits;       // pinned host (n_vocab): logits on their way down
@@ -4402,7 +4408,7 @@ typedef struct {
     int f32_rows;          // some product has float weights: bxh carries fp32 rows too
     float *bx;             // (n_batch, n_embd) residual stream rows
     ActH bxh;              // (n_batch, ld) fp16 input rows of the next product, ld = widest input
-    float *bq;             // (n_batch, n_head*hd) q, roped in place
+    float *bq;             // (n_batch, n_head*hd) q, roped (in place, or out of bqg for qwen35)
     float *bqg;            // (n_batch, n_head*2*hd) qwen35: per head [q | gate]
     float *bk, *bv;        // (n_batch, n_head_kv*hd)
     float *bgate, *bup;    // (n_batch, n_ff)
@@ -4414,7 +4420,7 @@ typedef struct {
     float *blogits;        // (n_logit_rows, n_vocab)
     float *bpart;          // (part_elems) partial sums of the tiles a product cut between blocks
     size_t part_elems;
-    int mm_blocks;         // blocks of a product resident on the GPU at once (its grid)
+    int mm_blocks;         // the most product blocks resident at once over all types (sizes bpart)
     __half *wscratch;      // (wscratch_elems)
     float *h_bx;           // pinned host (n_batch, n_embd): embedding rows on their way up
     float *h_blogits;      // pinned host (n_logit_rows, n_vocab)
@@ -4427,10 +4433,7 @@ static int g_n_batch = 512;
                                         // more than 128 product blocks at once (two 64 KB slots each)
 #define MM_BLOCKS_NO_GPU 80             // product blocks assumed for the budget without a GPU (a V100)
 
-// Size the prefill buffers for the model and -b: off (n_batch 0) for -b 1, or when an input width is
-// not a multiple of 32 (the product's tiles walk whole 32-weight units); fp32 rows when a product has
-// float weights; an fp16 scratch for quantized weights without planes, one slice of rows at a time.
-#define WSCRATCH_MAX (16u << 20) // halves
+#define WSCRATCH_MAX (16u << 20) // halves of the fp16 weight scratch at most (prefill_plan)
 // The weights that multiply activations in the layers (12 slots; those a model lacks have no name),
 // in one list for the prefill plan and the FLOP count of --bench.
 #define N_LAYER_PRODUCTS 12
@@ -4442,11 +4445,17 @@ static void layer_products(const LayerWeights *L, const Tensor *out[N_LAYER_PROD
 
 static int gpu_available(void);
 static int mm_resident(int type);
+// Plan the prefill for the model and -b (gpu_state_carve then sizes its buffers): off (n_batch 0) for
+// -b 1, when an input width is not a multiple of 32 (the product's tiles walk whole 32-weight
+// units), or for heads wider than 256 (the batched attention's warps hold half a head each, 8
+// fragments of 16: prompts then go token by token); fp32 rows when a product has float weights; an
+// fp16 scratch for quantized weights without planes, one slice of rows at a time.
 static void prefill_plan(GpuState *s, Model *m) {
     const Config *c = &m->c;
     s->n_batch = g_n_batch > 1 ? g_n_batch : 0;
     s->n_logit_rows = g_n_batch < LOGIT_ROWS ? g_n_batch : LOGIT_ROWS;
     if (c->n_embd % 32 || c->n_head * c->head_dim % 32 || c->n_ff % 32 || c->ssm_inner % 32) s->n_batch = 0;
+    if (c->head_dim > 256) s->n_batch = 0;
     s->wscratch_elems = 0;
     s->f32_rows = 0;
     s->mm_blocks = gpu_available() ? mm_resident(-1) : MM_BLOCKS_NO_GPU;
@@ -4801,9 +4810,6 @@ static Act act_carve(uint8_t **p, int n) {
 }
 
 
-// Lay the run state out from base: every buffer 256-byte aligned. Returns the bytes used; with
-// base == NULL it only measures (the VRAM budget uses that, before anything is allocated). Also
-// fills s->kv_bytes and s->state_bytes.
 // Widest input of any product: the row stride of the prefill's fp16 input rows.
 static size_t prefill_ld(const Config *c) {
     size_t ld = (size_t)c->n_embd;
@@ -4813,6 +4819,9 @@ static size_t prefill_ld(const Config *c) {
     return (ld + 7) / 8 * 8;
 }
 
+// Lay the run state out from base: every buffer 256-byte aligned. Returns the bytes used; with
+// base == NULL it only measures (the VRAM budget uses that, before anything is allocated). Also
+// fills s->kv_bytes, s->state_bytes, and for the prefill s->batch_bytes and s->part_elems.
 static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *base) {
     size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
     size_t cache = (size_t)c->n_kv_layers * n_ctx * kvdim; // elements per cache
@@ -4947,8 +4956,8 @@ static void prof_end(cudaStream_t st) {
 }
 #define PROF(name, bytes, launch) do { prof_begin(st, name, bytes); launch; prof_end(st); } while (0)
 
-// The device work for one token, enqueued on the stream (captured into the graph, or run directly
-// when profiling). Inputs: s->x holds the embedding row, *s->pos the position. Output: s->logits.
+// Attention layer l of one token: the q/k/v mat-vecs in one launch, then RoPE, KV store and
+// attention in one, then Wo added into s->x.
 static void attention_block_gpu(const Model *m, GpuState *s, int l) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
@@ -5099,7 +5108,8 @@ static int mm_resident(int type) {
 // The tensor-core product of weights w (planes of a fast type, or fp16 rows): matmul_kernel on a
 // grid of the blocks that fit on the GPU (no more than there are steps, nor than s->bpart has slots
 // for), then matmul_fixup_kernel for the tiles cut between blocks.
-static void matmul_tc(int type, const uint8_t *w, size_t NB, StepOrder so, const ActH *x, int T, float *y, int ldy, const float *bias,
+static void matmul_tc(int type, const uint8_t *w /* planes (NB sub-blocks) or (n_out, n_in) fp16 */, size_t NB, StepOrder so,
+                      const ActH *x, int T, float *y /* (T, ldy) */, int ldy, const float *bias /* (n_out) or NULL */,
                       int n_in, int n_out, int accumulate, GpuState *s) {
     cudaStream_t st = s->stream;
     int n_tiles = ((T + MM_TT - 1) / MM_TT) * ((n_out + MM_TN - 1) / MM_TN), n_steps = (n_in / 32 + 1) / 2;
@@ -5126,8 +5136,8 @@ static void matmul_tc(int type, const uint8_t *w, size_t NB, StepOrder so, const
 // y (T, ldy) (+)= x W^T (+ bias) for T rows. Float weights: the fp32 product. Weights in planes go
 // straight into the tensor-core product; any other type is first copied to fp16 a slice of rows at
 // a time (s->wscratch).
-static void matmul(const Tensor *W, const ActH *x, int T, float *y, int ldy, const float *bias, int accumulate,
-                   GpuState *s) {
+static void matmul(const Tensor *W, const ActH *x, int T, float *y /* (T, ldy) */, int ldy,
+                   const float *bias /* (n_out) or NULL */, int accumulate, GpuState *s) {
     cudaStream_t st = s->stream;
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
     const uint8_t *w = (const uint8_t *)W->dev;
@@ -5165,7 +5175,8 @@ static void matmul(const Tensor *W, const ActH *x, int T, float *y, int ldy, con
     }
 }
 
-static void rmsnorm_rows(ActH *out, const float *x, const float *w, int T, int n, float eps, cudaStream_t st) {
+static void rmsnorm_rows(ActH *out /* (T, n) fp16 rows */, const float *x /* (T, n) */, const float *w /* (n) */, int T, int n,
+                         float eps, cudaStream_t st) {
     rmsnorm_rows_kernel<<<T, ROW_THREADS, 0, st>>>(*out, x, w, n, eps);
     KERNEL_CHECK();
 }
@@ -5220,7 +5231,7 @@ static void deltanet_batch_gpu(const Model *m, GpuState *s, int l, int T) {
 // Rows tokens[0..T) at positions pos0.. through every layer at once (T <= n_batch); the residual
 // stream of every row is left in s->bx. The caches and DeltaNet states end as if the T tokens had
 // been fed one by one. Twin: T calls of forward_gpu (and of forward_cpu).
-static void forward_gpu_batch(const Model *m, GpuState *s, const int *tokens, int T, int pos0) {
+static void forward_gpu_batch(const Model *m, GpuState *s, const int *tokens /* (T) */, int T, int pos0) {
     const Config *c = &m->c;
     const Weights *w = &m->w;
     cudaStream_t st = s->stream;
@@ -5265,7 +5276,7 @@ static void batch_logits_gpu(const Model *m, GpuState *s, int r0, int nr) {
 
 // nll[r] = -log softmax(logits[r])[target[r]] = log sum_i exp(l_i - max) + max - l_target, one block
 // per row: perplexity needs only these, not the rows themselves. C twin: log_softmax in ppl_score.
-__global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *target /* (nr) */, float *nll, int V) {
+__global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *target /* (nr) */, float *nll /* (nr) */, int V) {
     const float *l = logits + (size_t)blockIdx.x * V;
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
@@ -5277,7 +5288,8 @@ __global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *tar
 }
 
 // Negative log-likelihoods of batch rows [r0, r0 + nr) for the given next tokens into nll (host).
-static void batch_nll_gpu(const Model *m, GpuState *s, int r0, int nr, const int *targets, float *nll) {
+static void batch_nll_gpu(const Model *m, GpuState *s, int r0, int nr, const int *targets /* (nr) */,
+                          float *nll /* (nr) host */) {
     batch_output_gpu(m, s, r0, nr);
     int *dt = (int *)s->bpart; // the split-product scratch is free between products
     float *dn = s->bpart + nr;
@@ -5318,7 +5330,8 @@ static void sampler_init(Sampler *s, int n_vocab, float temp, int top_k, float t
     s->top_k = top_k;
     s->top_p = top_p;
     s->min_p = min_p;
-    s->rng = seed * 0x9E3779B97F4A7C15ull + 1; // never zero
+    s->rng = seed * 0x9E3779B97F4A7C15ull + 1;
+    if (!s->rng) s->rng = 1; // xorshift stays at zero forever (one seed in 2^64 lands there)
     s->cand = (Candidate *)xmalloc((size_t)n_vocab * sizeof(Candidate));
 }
 
@@ -5471,7 +5484,7 @@ static void check_tokens(const Config *c, const int *tokens, int n, const char *
 // rows; after each batch, rows(e, ctx, i0, r, nr) for its rows r .. r+nr-1 (groups of at most
 // n_logit_rows) that hold prompt indices i0 .. i0+nr-1 >= first.
 typedef void (*RowsFn)(Engine *e, void *ctx, int i0, int r, int nr);
-static void gpu_prompt_batches(Engine *e, const int *tokens, int n, int pos, int first, RowsFn rows, void *ctx) {
+static void gpu_prompt_batches(Engine *e, const int *tokens /* (n) */, int n, int pos, int first, RowsFn rows, void *ctx) {
     GpuState *s = &e->gpu;
     for (int b0 = 0; b0 < n; b0 += s->n_batch) {
         int T = n - b0 < s->n_batch ? n - b0 : s->n_batch;
@@ -5488,7 +5501,7 @@ static void gpu_prompt_batches(Engine *e, const int *tokens, int n, int pos, int
 // the last token are returned, valid until the next call. On the GPU the tokens go through the model
 // in batches of up to -b rows (section 6b), else one at a time.
 typedef void (*LogitsFn)(void *ctx, int i, const float *logits);
-typedef struct { LogitsFn each; void *ctx; float *last; } EvalRows;
+typedef struct { LogitsFn each; void *ctx; float *last; /* (n_vocab) */ } EvalRows;
 static void eval_rows(Engine *e, void *p, int i0, int r, int nr) {
     EvalRows *v = (EvalRows *)p;
     int V = e->m->c.n_vocab;
@@ -5540,9 +5553,9 @@ static int parse_ids(const char *s, int **out) {
 }
 
 
-// --- qwen --bench: decode speed against the card's own copy bandwidth ---------------------------
+// --- qwen --bench: decode speed against the card's own copy bandwidth, per kernel, and prefill --------
 
-__global__ void fill_random_half_kernel(__half *p, size_t n, uint32_t seed) {
+__global__ void fill_random_half_kernel(__half *p /* (n) */, size_t n, uint32_t seed) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
         h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
@@ -5608,7 +5621,7 @@ static double measure_copy_bandwidth(double *read_bw) {
 }
 
 // Per-kernel timing for --bench: prof_start arms the PROF marks, prof_finish prints one row per
-// kernel name (calls, bytes of weights it read, time, GB/s, share of the pass).
+// kernel name (calls, bytes it moves: the weights for the mat-vecs, time, GB/s, share of the pass).
 static void prof_start(const Model *m) {
     g_prof_cap = 64 + 24 * m->c.n_layer;
     g_prof = (ProfMark *)xcalloc(g_prof_cap, sizeof(ProfMark));
@@ -6120,7 +6133,7 @@ typedef struct {
     uint32_t n_ctx;
     int32_t n_vocab, n_chunk;
     const int32_t *tokens;    // (n_chunk, n_ctx)
-    const uint16_t *records;  // (n_chunk, n_ctx/2 - 1 or so, nv)
+    const uint16_t *records;  // (n_chunk, n_ctx - 1 - n_ctx/2, nv)
 } KldBase;
 
 // Read and check a base file: magic, header, size, a vocabulary that matches the model's.
@@ -6199,12 +6212,14 @@ static void mean_err(double sum, double sum2, int n, double *mean, double *err) 
     *err = n > 1 ? sqrt(fmax(sum2 / n - *mean * *mean, 0.0) / (n - 1)) : 0.0;
 }
 
-// Evaluate tokens[0 .. n_chunk*n_ctx) chunk by chunk; with out_base also write the records of a base
-// file (its header first: kld_base_write_header), with in_base score against it. `e` must have room
-// for n_ctx positions.
 // Feed tokens[0..n) from position 0 like engine_eval and return in nll[i - first], for every i >= first,
 // -log p(targets[i] | tokens[0..i]). On the GPU with batches only these numbers leave the device.
-typedef struct { const int *targets; double *nll; int first; int V; double *lp; } NllCtx;
+typedef struct {
+    const int *targets; // (n)
+    double *nll;        // (n - first)
+    int first, V;
+    double *lp;         // (V) scratch
+} NllCtx;
 static void nll_row(void *ctx, int i, const float *logits) {
     NllCtx *c = (NllCtx *)ctx;
     log_softmax(logits, c->V, c->lp);
@@ -6233,7 +6248,7 @@ static void engine_nll(Engine *e, const int *tokens, const int *targets, int n, 
 // Running sums of a perplexity / KL-divergence pass; ppl_score adds one scored position.
 typedef struct {
     int V, c, first, per_chunk;
-    const int *tk;                // the chunk's tokens
+    const int *tk;                // (n_ctx) the chunk's tokens
     size_t nv;                    // words per base-file record
     uint16_t *rec;                // (nv)
     double *lp, *lpb;             // (V) log-probabilities: ours, the base file's
@@ -6281,6 +6296,9 @@ static void ppl_score(void *ctx, int j, const float *logits) { // logits after t
     a->n++;
 }
 
+// Evaluate tokens[0 .. n_chunk*n_ctx) chunk by chunk; with out_base also write the records of a base
+// file (its header first: kld_base_write_header), with in_base score against it. `e` must have room
+// for n_ctx positions.
 static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx, FILE *out_base, const KldBase *in_base,
                             int verbose) {
     PplAcc a;
@@ -6395,8 +6413,8 @@ static void usage(void) {
             "  --no-think        Qwen3/3.5 chat without the thinking phase (an empty <think></think> block)\n"
             "  --special         print control tokens such as <|im_end|>\n"
             "  --no-parse-special  treat special-token text in the prompt as plain text\n"
-            "  --perplexity      chunked perplexity of -f FILE (or --tokens) with chunks of -c tokens (default 512)\n"
-            "  --kl-divergence-base FILE  with --perplexity: write llama.cpp's KL-divergence base file\n"
+            "  --perplexity      chunked perplexity of -f FILE (or -p TEXT, --tokens) with chunks of -c tokens (default 512)\n"
+            "  --kl-divergence-base FILE  write llama.cpp's KL-divergence base file (implies --perplexity)\n"
             "  --kl-divergence   with --kl-divergence-base FILE: score against that file (its tokens are used)\n"
             "  --chunks N        at most N chunks\n"
             "  --tokenize        print the prompt's token ids (comma-separated) and exit; needs no GPU\n"
@@ -6412,7 +6430,8 @@ static void usage(void) {
             "  --dump-logits F   write the logits of every prompt position to F: raw little-endian\n"
             "                    float32, [n_prompt_tokens][n_vocab], no header\n"
             "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
-            "  --bench           measure decode speed at context 128 and 2048 against the GPU's copy bandwidth\n"
+            "  --bench           decode speed at context 128 and 2048 against the GPU's copy bandwidth, per-kernel\n"
+            "                    tables, mat-vec size sweeps and prefill (pp512)\n"
             "  --info            print the file's metadata, tensors and the VRAM budget for -c, then exit\n"
             "  --vram-limit SIZE behave as if the GPU had SIZE of memory (e.g. 15.5G: a 16 GB V100)\n"
             "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on the GPU)\n");
