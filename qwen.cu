@@ -208,6 +208,19 @@ typedef struct {
     GGUF *g;
 } Cursor;
 
+static int cmp_cstr(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+// Copy into dup the first name that two of the n entries share and return 1, or return 0 when all
+// differ; frees names. Sorting keeps it O(n log n): a file's key and tensor counts are bounded only
+// by its size (a pairwise scan took a minute for 200k keys in a 4 MB file).
+static int find_duplicate(const char **names, int64_t n, char *dup, size_t cap) {
+    int found = 0;
+    qsort(names, (size_t)n, sizeof *names, cmp_cstr);
+    for (int64_t i = 1; i < n && !found; i++)
+        if (strcmp(names[i - 1], names[i]) == 0) found = 1, snprintf(dup, cap, "%s", names[i]);
+    free(names);
+    return found;
+}
+
 static void gguf_fail(GGUF *g, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -314,8 +327,6 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
         kv->key[klen] = 0;
         g->n_kv = i + 1; // from here on gguf_close frees this key
         if (strlen(kv->key) != klen) gguf_fail(g, "metadata key #%lld contains a NUL byte", (long long)i);
-        for (int64_t j = 0; j < i; j++)
-            if (strcmp(g->kv[j].key, kv->key) == 0) gguf_fail(g, "duplicate metadata key '%s'", kv->key);
 
         kv->type = rd_i32(&c, kv->key);
         if (kv->type < 0 || kv->type >= GGUF_TYPE_COUNT)
@@ -364,6 +375,11 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
         }
     }
 
+    char dup[128];
+    const char **names = (const char **)xmalloc((size_t)n_kv * sizeof *names);
+    for (int64_t i = 0; i < n_kv; i++) names[i] = g->kv[i].key;
+    if (find_duplicate(names, n_kv, dup, sizeof dup)) gguf_fail(g, "duplicate metadata key '%s'", dup);
+
     // --- tensor infos ---
     g->tensors = (GGUFTensor *)xcalloc((size_t)n_tensors, sizeof(GGUFTensor));
     g->n_tensors = n_tensors;
@@ -377,8 +393,6 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
         memcpy(t->name, name, nlen);
         t->name[nlen] = 0;
         if (strlen(t->name) != nlen) gguf_fail(g, "tensor #%lld: name contains a NUL byte", (long long)i);
-        for (int64_t j = 0; j < i; j++)
-            if (strcmp(g->tensors[j].name, t->name) == 0) gguf_fail(g, "duplicate tensor name '%s'", t->name);
 
         uint32_t n_dims = rd_u32(&c, t->name);
         if (n_dims > GGUF_MAX_DIMS) gguf_fail(g, "tensor '%s': n_dims = %u, at most 4", t->name, n_dims);
@@ -389,6 +403,9 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
             if (t->ne[d] <= 0)
                 gguf_fail(g, "tensor '%s': dimension %u is %lld (must be at least 1)", t->name, d,
                           (long long)t->ne[d]);
+            if (t->ne[d] > INT32_MAX) // the engine keeps row counts and row lengths in ints
+                gguf_fail(g, "tensor '%s': dimension %u is %lld (at most %d)", t->name, d, (long long)t->ne[d],
+                          INT32_MAX);
         }
         // element count must fit in int64
         if (INT64_MAX / t->ne[1] <= t->ne[0] || INT64_MAX / t->ne[2] <= t->ne[0] * t->ne[1] ||
@@ -408,6 +425,9 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
         t->nbytes = (size_t)(nblocks * tt->type_size);
         t->offset = rd_u64(&c, t->name);
     }
+    names = (const char **)xmalloc((size_t)n_tensors * sizeof *names);
+    for (int64_t i = 0; i < n_tensors; i++) names[i] = g->tensors[i].name;
+    if (find_duplicate(names, n_tensors, dup, sizeof dup)) gguf_fail(g, "duplicate tensor name '%s'", dup);
 
     // --- data blob: starts at the next multiple of the alignment ---
     size_t pos = (size_t)(c.p - base);
@@ -925,9 +945,10 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     int n_layer_all = (int)gguf_u32(g, KEY("block_count"), 1, 0);
     if (n_layer_all < 1 || n_layer_all > MAX_LAYERS) die("%s = %d: must be 1..%d", key, n_layer_all, MAX_LAYERS);
     // qwen35 may append multi-token-prediction blocks after the trunk; they are not run
-    int n_nextn = c->arch == ARCH_QWEN35 ? (int)gguf_u32(g, KEY("nextn_predict_layers"), 0, 0) : 0;
-    int n_layer = n_layer_all - n_nextn;
-    if (n_layer < 1) die("%s.nextn_predict_layers = %d leaves no layers out of %d", arch, n_nextn, n_layer_all);
+    uint32_t n_nextn = c->arch == ARCH_QWEN35 ? gguf_u32(g, KEY("nextn_predict_layers"), 0, 0) : 0;
+    if (n_nextn >= (uint32_t)n_layer_all)
+        die("%s.nextn_predict_layers = %u leaves no layers out of %d", arch, n_nextn, n_layer_all);
+    int n_layer = n_layer_all - (int)n_nextn;
     c->n_layer = n_layer;
 
     // Per-layer keys may be arrays; this engine needs them uniform across layers.
@@ -1002,11 +1023,12 @@ static void config_from_gguf(Config *c, const GGUF *g) {
         if (c->ssm_conv != 4) die("%s.ssm.conv_kernel = %d: only 4 is supported", arch, c->ssm_conv);
         if (c->ssm_state <= 0 || c->ssm_state > 256 || c->ssm_state % 32)
             die("%s.ssm.state_size = %d: must be a multiple of 32, at most 256", arch, c->ssm_state);
-        if (c->ssm_k_heads <= 0 || c->ssm_v_heads <= 0 || c->ssm_v_heads % c->ssm_k_heads)
-            die("%s.ssm: %d value heads must be a multiple of %d key heads", arch, c->ssm_v_heads, c->ssm_k_heads);
-        if (c->ssm_inner != c->ssm_state * c->ssm_v_heads)
-            die("%s.ssm.inner_size = %d, expected state_size x time_step_rank = %d", arch, c->ssm_inner,
-                c->ssm_state * c->ssm_v_heads);
+        if (c->ssm_k_heads <= 0 || c->ssm_v_heads <= 0 || c->ssm_v_heads > 4096 || c->ssm_v_heads % c->ssm_k_heads)
+            die("%s.ssm: %d value heads must be a multiple of %d key heads, at most 4096", arch, c->ssm_v_heads,
+                c->ssm_k_heads);
+        if ((int64_t)c->ssm_inner != (int64_t)c->ssm_state * c->ssm_v_heads)
+            die("%s.ssm.inner_size = %d, expected state_size x time_step_rank = %lld", arch, c->ssm_inner,
+                (long long)c->ssm_state * c->ssm_v_heads);
     }
     c->n_kv_layers = c->n_gdn_layers = 0;
     for (int i = 0; i < n_layer; i++) {
@@ -1060,6 +1082,8 @@ static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
     const GGUFTensor *emb = gguf_tensor(g, "token_embd.weight");
     if (!emb) die("required tensor 'token_embd.weight' is missing from the file");
     V = emb->ne[1];
+    if (V > (1 << 24)) // the engine counts tokens and sizes logits in 32-bit ints
+        die("token_embd.weight: a vocabulary of %lld tokens, more than the %d this engine takes", (long long)V, 1 << 24);
     w->token_embd = find_tensor(g, "token_embd.weight", E, V, 1);
     w->output_norm = find_vector(g, "output_norm.weight", E, 1);
     w->output = find_tensor(g, "output.weight", E, V, 0);

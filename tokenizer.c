@@ -353,6 +353,13 @@ static int codepoint_to_byte(uint32_t cp) { return cp < 324 ? g_byte_of_cp[cp] :
 
 static int tok_id(const Tokenizer *t, const char *text) { return hm_get(&t->token_id, text, (int)strlen(text)); }
 
+static void tokenizer_free(Tokenizer *t);
+static int hex_digit(int c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; } // c an ASCII hex digit
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
 // Read the vocabulary from the GGUF. Errors name the key; a file without a tokenizer is an error
 // only when text is encoded or decoded.
 static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *err, size_t errlen) {
@@ -379,6 +386,11 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     t->nfc = t->pre == PRE_QWEN2; // Qwen3.5's tokenizer has no normalizer
     for (int i = 0; i < 324; i++) g_byte_of_cp[i] = -1;
     for (int b = 0; b < 256; b++) g_byte_of_cp[byte_to_codepoint(b)] = b;
+    if (tokens->n > (1u << 24)) { // the engine takes up to 2^24 tokens (qwen.cu, weights_from_gguf)
+        snprintf(err, errlen, "tokenizer.ggml.tokens has %llu entries, more than the %d this engine takes",
+                 (unsigned long long)tokens->n, 1 << 24);
+        return -1;
+    }
     int n = (int)tokens->n;
     if (n_vocab_model > 0 && n > n_vocab_model) n = n_vocab_model; // ids past the embedding cannot be used
     t->n_vocab = n;
@@ -400,6 +412,11 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
         if (have_types) memcpy(&ty, types->data + 4 * (size_t)i, 4);
         t->type[i] = ty;
         hm_put(&t->token_id, t->text[i], (int)len, i);
+    }
+    if (total >= INT32_MAX) { // piece offsets are ints
+        snprintf(err, errlen, "the vocabulary's token texts add up to %zu bytes, more than 2 GiB", total);
+        tokenizer_free(t);
+        return -1;
     }
     // decoded bytes of each token: normal tokens through the inverse byte map, <0xXX> byte tokens to
     // their byte, the others (control, user-defined, unused) as their text
@@ -428,8 +445,9 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
                 }
                 k += bytes;
             }
-        } else if (t->type[i] == TOK_BYTE && len == 6 && !memcmp(s, "<0x", 3)) {
-            t->pieces[off++] = (char)strtol((const char *)s + 3, NULL, 16);
+        } else if (t->type[i] == TOK_BYTE && len == 6 && !memcmp(s, "<0x", 3) && isxdigit(s[3]) && isxdigit(s[4]) &&
+                   s[5] == '>') { // <0xXX>: exactly two hex digits (the text is not NUL-terminated)
+            t->pieces[off++] = (char)(hex_digit(s[3]) * 16 + hex_digit(s[4]));
         } else {
             memcpy(t->pieces + off, s, len);
             off += len;
@@ -453,10 +471,15 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     t->special = (int *)xmalloc((size_t)n * sizeof(int));
     for (int i = 0; i < n; i++)
         if (t->type[i] == TOK_CONTROL || t->type[i] == TOK_USER_DEFINED || t->type[i] == TOK_UNKNOWN) t->special[t->n_special++] = i;
-    for (int i = 1; i < t->n_special; i++) // insertion sort by length, stable: a few dozen entries
-        for (int j = i; j > 0 && t->text_len[t->special[j - 1]] < t->text_len[t->special[j]]; j--) {
-            int x = t->special[j]; t->special[j] = t->special[j - 1]; t->special[j - 1] = x;
-        }
+    { // by length, longest first, ids in order among equal lengths: as keys (2^31 - 1 - length, id)
+        // sorted by qsort (any token may be marked special, so there can be many)
+        uint64_t *key = (uint64_t *)xmalloc((size_t)t->n_special * sizeof *key + 1);
+        for (int i = 0; i < t->n_special; i++)
+            key[i] = (uint64_t)(INT32_MAX - t->text_len[t->special[i]]) << 32 | (uint32_t)t->special[i];
+        qsort(key, (size_t)t->n_special, sizeof *key, cmp_u64);
+        for (int i = 0; i < t->n_special; i++) t->special[i] = (int)(uint32_t)key[i];
+        free(key);
+    }
     static const char *EOG_TEXT[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|eom_id|>", "<EOT>",
                                      "<|fim_pad|>", "<|fim_repo|>", "<|repo_name|>", "<|file_sep|>", "<|end_of_text|>"};
     for (size_t k = 0; k < sizeof EOG_TEXT / sizeof EOG_TEXT[0]; k++) {

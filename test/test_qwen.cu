@@ -113,7 +113,7 @@ typedef struct {
     int64_t n_tensors_override, n_kv_override;   // -2: use the real count
     int dup_key, empty_key, bad_kv_type, nested_array, long_string, huge_array;
     int bad_alignment, alignment_type_i32;
-    int long_name, five_dims, zero_dim, neg_dim, bad_type, removed_type, ragged_row, bad_offset, dup_tensor;
+    int long_name, five_dims, zero_dim, neg_dim, big_dim, bad_type, removed_type, ragged_row, bad_offset, dup_tensor;
     int truncate_data;
 } Variant;
 
@@ -148,7 +148,7 @@ static Buf make_gguf(const Variant *v) {
     put_str(&b, name0);
     put_u32(&b, v->five_dims ? 5 : 2);
     put_u64(&b, 4);
-    put_u64(&b, (uint64_t)(v->zero_dim ? 0 : v->neg_dim ? -2 : 2));
+    put_u64(&b, (uint64_t)(v->zero_dim ? 0 : v->neg_dim ? -2 : v->big_dim ? 1ll << 31 : 2));
     if (v->five_dims) { put_u64(&b, 1); put_u64(&b, 1); put_u64(&b, 1); }
     put_i32(&b, v->bad_type ? 77 : v->removed_type ? 4 : v->ragged_row ? GGML_TYPE_Q4_0 : GGML_TYPE_F32);
     put_u64(&b, 0);
@@ -231,6 +231,7 @@ static void test_gguf_reader(void) {
     CASE("five dimensions", "n_dims", five_dims, 1);
     CASE("zero-sized dimension", "must be at least 1", zero_dim, 1);
     CASE("negative dimension", "must be at least 1", neg_dim, 1);
+    CASE("dimension of 2^31 (past the engine's ints)", "at most 2147483647", big_dim, 1);
     CASE("invalid type id", "invalid ggml type", bad_type, 1);
     CASE("removed type id", "not supported", removed_type, 1);
     CASE("row not a multiple of the block", "not a multiple", ragged_row, 1);
