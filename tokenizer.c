@@ -457,6 +457,12 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     // merges: "left right", rank = position
     const GGUFKV *merges = gguf_find(g, "tokenizer.ggml.merges");
     if (merges && merges->type == GGUF_TYPE_ARRAY && merges->arr_type == GGUF_TYPE_STRING) {
+        if (merges->n > (1u << 24)) { // ranks are ints and the table is sized from the count
+            snprintf(err, errlen, "tokenizer.ggml.merges has %llu entries, more than the %d this engine takes",
+                     (unsigned long long)merges->n, 1 << 24);
+            tokenizer_free(t);
+            return -1;
+        }
         hm_init(&t->merge_rank, (int)merges->n, (const char *)g->base);
         const uint8_t *q = merges->data;
         for (uint64_t i = 0; i < merges->n; i++) {
