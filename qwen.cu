@@ -844,6 +844,7 @@ typedef enum { ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN35 } Arch;
 typedef enum { LAYER_ATTENTION, LAYER_DELTANET } LayerKind;
 
 #define MAX_LAYERS 256
+#define MAX_VOCAB (1 << 24) // tokens (and merges) at most: ids, ranks and logit sizes are 32-bit ints
 
 typedef struct {
     Arch arch;
@@ -1082,8 +1083,8 @@ static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
     const GGUFTensor *emb = gguf_tensor(g, "token_embd.weight");
     if (!emb) die("required tensor 'token_embd.weight' is missing from the file");
     V = emb->ne[1];
-    if (V > (1 << 24)) // the engine counts tokens and sizes logits in 32-bit ints
-        die("token_embd.weight: a vocabulary of %lld tokens, more than the %d this engine takes", (long long)V, 1 << 24);
+    if (V > MAX_VOCAB)
+        die("token_embd.weight: a vocabulary of %lld tokens, more than the %d this engine takes", (long long)V, MAX_VOCAB);
     w->token_embd = find_tensor(g, "token_embd.weight", E, V, 1);
     w->output_norm = find_vector(g, "output_norm.weight", E, 1);
     w->output = find_tensor(g, "output.weight", E, V, 0);
@@ -2782,6 +2783,9 @@ __host__ __device__ __forceinline__ AttCut att_cut(int pos, int n_split, int chu
     a.ns = (a.n_chunks + a.cps - 1) / a.cps;
     return a;
 }
+// Split s walks chunks s * cps up to (not including) att_split_end; chunk c holds att_chunk_len keys.
+__host__ __device__ __forceinline__ int att_split_end(AttCut a, int s) { return min((s + 1) * a.cps, a.n_chunks); }
+__host__ __device__ __forceinline__ int att_chunk_len(AttCut a, int pos, int c) { return min(a.ck, pos + 1 - c * a.ck); }
 // HD > 0: the head dim as a compile-time constant (unrolled loops, immediate offsets); 0: hd_arg.
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, 2) // 2 blocks per SM: at most 128 registers
@@ -2902,8 +2906,8 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
     }
     float scale = rsqrtf((float)hd);
     int v8 = hd / 8;
-    for (int c = split * cps; c < min((split + 1) * cps, n_chunks); c++) {
-        int t0 = c * ck, nt = min(ck, pos + 1 - t0);
+    for (int c = split * cps; c < att_split_end(cut, split); c++) {
+        int t0 = c * ck, nt = att_chunk_len(cut, pos, c);
         int nl = own && c == n_chunks - 1 ? nt - 1 : nt; // rows from the cache (the own block has key *pos in kh, vh)
         __syncthreads(); // the previous chunk is consumed
         // stage the chunk's K and V rows (hd/8 uint4 per row; chunk * hd <= 8192, so at most
@@ -4478,8 +4482,8 @@ static void prefill_plan(GpuState *s, Model *m) {
     const Config *c = &m->c;
     s->n_batch = g_n_batch > 1 ? g_n_batch : 0;
     s->n_logit_rows = g_n_batch < LOGIT_ROWS ? g_n_batch : LOGIT_ROWS;
-    if (c->n_embd % 32 || c->n_head * c->head_dim % 32 || c->n_ff % 32 || c->ssm_inner % 32) s->n_batch = 0;
-    if (c->head_dim > 256) s->n_batch = 0;
+    if (c->n_embd % 32 || c->n_head * c->head_dim % 32 || c->n_ff % 32 || c->ssm_inner % 32 || c->head_dim > 256)
+        s->n_batch = 0;
     s->wscratch_elems = 0;
     s->f32_rows = 0;
     s->mm_blocks = gpu_available() ? mm_resident(-1) : MM_BLOCKS_NO_GPU;

@@ -386,9 +386,9 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     t->nfc = t->pre == PRE_QWEN2; // Qwen3.5's tokenizer has no normalizer
     for (int i = 0; i < 324; i++) g_byte_of_cp[i] = -1;
     for (int b = 0; b < 256; b++) g_byte_of_cp[byte_to_codepoint(b)] = b;
-    if (tokens->n > (1u << 24)) { // the engine takes up to 2^24 tokens (qwen.cu, weights_from_gguf)
+    if (tokens->n > MAX_VOCAB) {
         snprintf(err, errlen, "tokenizer.ggml.tokens has %llu entries, more than the %d this engine takes",
-                 (unsigned long long)tokens->n, 1 << 24);
+                 (unsigned long long)tokens->n, MAX_VOCAB);
         return -1;
     }
     int n = (int)tokens->n;
@@ -457,9 +457,9 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     // merges: "left right", rank = position
     const GGUFKV *merges = gguf_find(g, "tokenizer.ggml.merges");
     if (merges && merges->type == GGUF_TYPE_ARRAY && merges->arr_type == GGUF_TYPE_STRING) {
-        if (merges->n > (1u << 24)) { // ranks are ints and the table is sized from the count
+        if (merges->n > MAX_VOCAB) { // the hash table is sized from the count
             snprintf(err, errlen, "tokenizer.ggml.merges has %llu entries, more than the %d this engine takes",
-                     (unsigned long long)merges->n, 1 << 24);
+                     (unsigned long long)merges->n, MAX_VOCAB);
             tokenizer_free(t);
             return -1;
         }

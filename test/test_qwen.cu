@@ -447,10 +447,10 @@ static void test_att_cut(void) {
                 memset(seen, 0, pos + 1);
                 int last = -1;
                 for (int s = 0; s < a.ns; s++) { // each split's chunks, as the kernel walks them
-                    int c0 = s * a.cps, c1 = c0 + a.cps < a.n_chunks ? c0 + a.cps : a.n_chunks;
+                    int c0 = s * a.cps, c1 = att_split_end(a, s);
                     bad += c0 >= c1; // every split up to ns has a chunk
                     for (int c = c0; c < c1; c++) {
-                        int t0 = c * a.ck, nt = a.ck < pos + 1 - t0 ? a.ck : pos + 1 - t0;
+                        int t0 = c * a.ck, nt = att_chunk_len(a, pos, c);
                         bad += nt < 1;
                         for (int t = t0; t < t0 + nt; t++) bad += t > pos || seen[t]++;
                         if (t0 + nt - 1 == pos) last = s;
