@@ -6,7 +6,7 @@
 set -uo pipefail
 out=$1; models=$2; san=${3:-}
 make ARCH=sm_90 qwen test/test_qwen test/gen_model test/step_floor 2>&1 | grep -E "error"
-export QWEN_TEST_SUBSET=1
+export QWEN_TEST_SUBSET=1 QWEN_REQUIRE_GPU=1
 QWEN_BIN=./qwen timeout 300 ./test/test_qwen > $out/test-sm90.log 2>&1; grep -E "^FAIL|passed" $out/test-sm90.log | tail -6
 QWEN_BIN=./qwen-sm70 timeout 300 ./test/test_qwen-sm70 > $out/test-sm70.log 2>&1; grep -E "^FAIL|passed" $out/test-sm70.log | tail -6
 if [ -n "$san" ]; then
