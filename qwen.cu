@@ -36,6 +36,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -6038,6 +6039,26 @@ static double parse_size(const char *arg) {
     return *end ? -1 : v * mul;
 }
 
+// A numeric option's value, all of it a number (atoi would read "abc" as 0 and "5x" as 5).
+static long long arg_i64(const char *opt, const char *v) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || errno) die("%s '%s': expected an integer", opt, v);
+    return x;
+}
+static int arg_int(const char *opt, const char *v) {
+    long long x = arg_i64(opt, v);
+    if (x < INT_MIN || x > INT_MAX) die("%s '%s': out of range", opt, v);
+    return (int)x;
+}
+static float arg_float(const char *opt, const char *v) {
+    char *end;
+    double x = strtod(v, &end);
+    if (end == v || *end || !isfinite(x)) die("%s '%s': expected a number", opt, v);
+    return (float)x;
+}
+
 // qwen --info: the file's metadata, its tensors and the VRAM budget, without generating.
 static void print_info(Model *m, int n_ctx) {
     const GGUF *g = &m->gguf;
@@ -6493,18 +6514,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--no-think")) no_think = 1;
         else if (!strcmp(a, "--special")) special = 1;
         else if (!strcmp(a, "--no-parse-special")) parse_special = 0;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) n_predict = atoi(NEXT());
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { n_ctx = atoi(NEXT()); ctx_given = 1; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) n_predict = arg_int(a, NEXT());
+        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { n_ctx = arg_int(a, NEXT()); ctx_given = 1; }
         else if (!strcmp(a, "--perplexity")) ppl = 1;
         else if (!strcmp(a, "--kl-divergence")) kld = 1;
         else if (!strcmp(a, "--kl-divergence-base")) kld_base_path = NEXT();
-        else if (!strcmp(a, "--chunks")) max_chunks = atoi(NEXT());
-        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) n_batch = atoi(NEXT());
-        else if (!strcmp(a, "--temp")) temp = (float)atof(NEXT());
-        else if (!strcmp(a, "--top-k")) top_k = atoi(NEXT());
-        else if (!strcmp(a, "--top-p")) top_p = (float)atof(NEXT());
-        else if (!strcmp(a, "--min-p")) min_p = (float)atof(NEXT());
-        else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) seed = atoll(NEXT());
+        else if (!strcmp(a, "--chunks")) max_chunks = arg_int(a, NEXT());
+        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) n_batch = arg_int(a, NEXT());
+        else if (!strcmp(a, "--temp")) temp = arg_float(a, NEXT());
+        else if (!strcmp(a, "--top-k")) top_k = arg_int(a, NEXT());
+        else if (!strcmp(a, "--top-p")) top_p = arg_float(a, NEXT());
+        else if (!strcmp(a, "--min-p")) min_p = arg_float(a, NEXT());
+        else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) seed = arg_i64(a, NEXT());
         else if (!strcmp(a, "--dump-logits")) dump_path = NEXT();
         else if (!strcmp(a, "--cpu")) use_cpu = 1;
         else if (!strcmp(a, "--bench")) bench = 1;
@@ -6530,6 +6551,10 @@ int main(int argc, char **argv) {
     g_n_batch = n_batch;
     if (n_predict < 0) die("-n %d: must be >= 0", n_predict);
     if (top_p <= 0.0f || top_p > 1.0f) die("--top-p %g: must be in (0, 1]", top_p);
+    if (min_p < 0.0f || min_p > 1.0f) die("--min-p %g: must be in [0, 1]", min_p); // above 1 it would drop every token
+    if (temp < 0.0f) die("--temp %g: must be >= 0 (0 is greedy)", temp);
+    if (top_k < 0) die("--top-k %d: must be >= 0 (0 is off)", top_k);
+    if (max_chunks < 0) die("--chunks %d: must be >= 0", max_chunks);
     if (seed < 0) seed = (long long)time(NULL);
 
     // the prompt text, from -p or byte for byte from -f

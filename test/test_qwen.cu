@@ -123,6 +123,7 @@ typedef struct {
     int dup_key, empty_key, bad_kv_type, nested_array, long_string, huge_array;
     int bad_alignment, alignment_type_i32;
     int long_name, five_dims, zero_dim, neg_dim, big_dim, bad_type, removed_type, ragged_row, bad_offset, dup_tensor;
+    int nul_key, nul_name, overflow_dims;
     int truncate_data;
 } Variant;
 
@@ -134,7 +135,7 @@ static Buf make_gguf(const Variant *v) {
     put_u64(&b, (uint64_t)(v->n_tensors_override != -2 ? v->n_tensors_override : 2));
     put_u64(&b, (uint64_t)(v->n_kv_override != -2 ? v->n_kv_override : n_kv));
     // kv 1: u32
-    put_str(&b, v->empty_key ? "" : "test.count");
+    if (v->nul_key) put_strn(&b, "test\0count", 10); else put_str(&b, v->empty_key ? "" : "test.count");
     put_i32(&b, v->bad_kv_type ? 99 : GGUF_TYPE_U32);
     put_u32(&b, 7);
     // kv 2: string
@@ -153,12 +154,19 @@ static Buf make_gguf(const Variant *v) {
     put_i32(&b, v->alignment_type_i32 ? GGUF_TYPE_I32 : GGUF_TYPE_U32);
     put_u32(&b, v->bad_alignment ? 24 : 32);
     // tensor infos
-    const char *name0 = v->long_name ? "a_tensor_name_that_is_much_longer_than_sixty_three_bytes_in_total_x" : "w";
-    put_str(&b, name0);
-    put_u32(&b, v->five_dims ? 5 : 2);
-    put_u64(&b, 4);
-    put_u64(&b, (uint64_t)(v->zero_dim ? 0 : v->neg_dim ? -2 : v->big_dim ? 1ll << 31 : 2));
-    if (v->five_dims) { put_u64(&b, 1); put_u64(&b, 1); put_u64(&b, 1); }
+    // long_name: 1 = 64 bytes (one too many), 2 = 63 (the longest allowed)
+    char name0[80] = "w";
+    if (v->long_name) { memset(name0, 'n', 80); name0[v->long_name == 1 ? 64 : 63] = 0; }
+    if (v->nul_name) put_strn(&b, "w\0x", 3); else put_str(&b, name0);
+    if (v->overflow_dims) { // three dimensions of 2^31 - 1: 2^93 elements
+        put_u32(&b, 3);
+        for (int d = 0; d < 3; d++) put_u64(&b, INT32_MAX);
+    } else {
+        put_u32(&b, v->five_dims ? 5 : 2);
+        put_u64(&b, 4);
+        put_u64(&b, (uint64_t)(v->zero_dim ? 0 : v->neg_dim ? -2 : v->big_dim ? 1ll << 31 : 2));
+        if (v->five_dims) { put_u64(&b, 1); put_u64(&b, 1); put_u64(&b, 1); }
+    }
     put_i32(&b, v->bad_type ? 77 : v->removed_type ? 4 : v->ragged_row ? GGML_TYPE_Q4_0 : GGML_TYPE_F32);
     put_u64(&b, 0);
     put_str(&b, v->dup_tensor ? name0 : "b");
@@ -172,14 +180,31 @@ static Buf make_gguf(const Variant *v) {
     return b;
 }
 
+// A copy of n bytes that ends where an unreadable page begins: a read past the end of the buffer
+// crashes the test run instead of going unnoticed (gguf_parse must never read past what it is given).
+typedef struct { uint8_t *map, *p; size_t map_len; } Guarded;
+static Guarded guarded_copy(const void *src, size_t n) {
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), body = (n + pg - 1) / pg * pg;
+    Guarded g;
+    g.map_len = body + pg;
+    g.map = (uint8_t *)mmap(NULL, g.map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (g.map == MAP_FAILED || mprotect(g.map + body, pg, PROT_NONE) != 0) die("test: cannot map a guarded buffer");
+    g.p = g.map + body - n;
+    memcpy(g.p, src, n);
+    return g;
+}
+static void guarded_free(Guarded *g) { munmap(g->map, g->map_len); }
+
 static int parse_variant(const Variant *v, char *err, size_t cap) {
     Buf b = make_gguf(v);
+    Guarded c = guarded_copy(b.p, b.n);
     GGUF g;
     memset(&g, 0, sizeof g);
     g.fd = -1;
-    int rc = gguf_parse(&g, b.p, b.n);
+    int rc = gguf_parse(&g, c.p, b.n);
     snprintf(err, cap, "%s", g.err);
     gguf_close(&g);
+    guarded_free(&c);
     free(b.p);
     return rc;
 }
@@ -215,6 +240,9 @@ static void test_gguf_reader(void) {
         Variant v2 = ok0;
         v2.version = 2;
         check(parse_variant(&v2, err, sizeof err) == 0, "gguf: version 2 accepted");
+        Variant v3 = ok0;
+        v3.long_name = 2;
+        check(parse_variant(&v3, err, sizeof err) == 0, "gguf: a tensor name of 63 bytes (the longest) accepted");
     }
 
     // each malformed variant must fail with a message naming the problem
@@ -236,7 +264,10 @@ static void test_gguf_reader(void) {
     CASE("array longer than the file", "cannot fit", huge_array, 1);
     CASE("alignment not a power of two", "power of two", bad_alignment, 1);
     CASE("alignment stored as i32", "general.alignment must be u32", alignment_type_i32, 1);
-    CASE("tensor name over 63 bytes", "longer than 63", long_name, 1);
+    CASE("tensor name of 64 bytes", "longer than 63", long_name, 1);
+    CASE("metadata key with a NUL byte", "contains a NUL byte", nul_key, 1);
+    CASE("tensor name with a NUL byte", "contains a NUL byte", nul_name, 1);
+    CASE("element count past 2^63", "element count overflows", overflow_dims, 1);
     CASE("five dimensions", "n_dims", five_dims, 1);
     CASE("zero-sized dimension", "must be at least 1", zero_dim, 1);
     CASE("negative dimension", "must be at least 1", neg_dim, 1);
@@ -314,7 +345,8 @@ static void test_gguf_reader(void) {
     }
 
     // truncation at every length of a real fixture's header, and random byte flips: every outcome
-    // must be a clean accept or a clean error (a crash would end the test run here)
+    // must be a clean accept or a clean error (a crash would end the test run here; each copy ends at
+    // an unreadable page, so a read one byte past it is such a crash)
     char path[512];
     snprintf(path, sizeof path, "%s/tiny-qwen3/tiny-qwen3-q4_0.gguf", DATA);
     if (!need_fixture(path, "gguf: truncations and corruptions of tiny-qwen3-q4_0.gguf")) return;
@@ -330,17 +362,17 @@ static void test_gguf_reader(void) {
     gguf_close(&g);
     int errors = 0, accepted = 0;
     for (size_t cut = 0; cut < header + 64 && cut < len; cut++) {
-        uint8_t *copy = (uint8_t *)xmalloc(cut);
-        memcpy(copy, file, cut);
+        Guarded copy = guarded_copy(file, cut);
         memset(&g, 0, sizeof g);
         g.fd = -1;
-        if (gguf_parse(&g, copy, cut) == 0) accepted++; else errors++;
+        if (gguf_parse(&g, copy.p, cut) == 0) accepted++; else errors++;
         gguf_close(&g);
-        free(copy);
+        guarded_free(&copy);
     }
     report(accepted == 0, "gguf: every truncation of the header is rejected", accepted, 0);
     int flips_ok = 1;
-    uint8_t *copy = (uint8_t *)xmalloc(len);
+    Guarded gcopy = guarded_copy(file, len);
+    uint8_t *copy = gcopy.p;
     for (int it = 0; it < 3000; it++) {
         memcpy(copy, file, len);
         int nflip = 1 + (int)(urand() * 4);
@@ -362,7 +394,7 @@ static void test_gguf_reader(void) {
         }
         gguf_close(&g);
     }
-    free(copy);
+    guarded_free(&gcopy);
     check(flips_ok, "gguf: 3000 random header corruptions end in a named error or an accepted file whose tensors lie inside it");
     free(file);
 
@@ -1005,6 +1037,25 @@ static void test_sampler(void) {
     for (int i = 0; i < 2000; i++) seen[sample(&a, lg2)]++;
     check(seen[0] > 0 && seen[1] > 0 && seen[2] == 0 && seen[3] == 0, "sampler: min-p 0.2 drops tokens under 0.2 x the top");
     free(a.cand);
+    sampler_init(&a, 4, 1.0f, 0, 1.0f, 0.3f, 5); // min-p 0.3: p >= 0.193 (relative to the top, not 0.3)
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 2000; i++) seen[sample(&a, lg2)]++;
+    check(seen[0] > 0 && seen[1] > 0 && seen[2] == 0 && seen[3] == 0, "sampler: min-p 0.3 keeps p >= 0.3 x the top (0.237 of a 0.644 top)");
+    free(a.cand);
+    // top-p 0.9 over p = 0.5 0.3 0.08 0.07 0.05: the nucleus holds four tokens, two of them below
+    // 1 - top_p (the pre-sort cut must not drop those)
+    float lg5[5] = {logf(0.5f), logf(0.3f), logf(0.08f), logf(0.07f), logf(0.05f)};
+    sampler_init(&a, 5, 1.0f, 0, 0.9f, 0.0f, 5);
+    int seen5[5] = {0, 0, 0, 0, 0};
+    for (int i = 0; i < 4000; i++) seen5[sample(&a, lg5)]++;
+    check(seen5[0] > 0 && seen5[1] > 0 && seen5[2] > 0 && seen5[3] > 0 && seen5[4] == 0,
+          "sampler: top-p 0.9 keeps the four-token nucleus, tokens of p 0.08 and 0.07 included");
+    free(a.cand);
+    // greedy ties: the smaller id, as the candidates' order has it
+    float tie[6] = {0.0f, 1.0f, 3.0f, -2.0f, 3.0f, 3.0f};
+    sampler_init(&a, 6, 0.0f, 0, 1.0f, 0.0f, 1);
+    check(sample(&a, tie) == 2 && argmax(tie, 6) == 2, "sampler: temp 0 on tied logits picks the smallest id");
+    free(a.cand);
 }
 
 // =================================================================================================
@@ -1032,9 +1083,14 @@ static void test_cli(void) {
         {"no model", "--cpu --tokens 1", "no model"},
         {"unknown option", M "--bogus", "unknown option"},
         {"token outside vocabulary", M "--cpu --tokens 1,99999", "outside the vocabulary"},
-        {"prompt longer than context", M "--cpu -c 4 --tokens 1,2,3,4,5,6", "raise -c"},
+        {"prompt one token longer than the context", M "--cpu -c 4 --tokens 1,2,3,4,5", "raise -c"},
         {"not a GGUF file", "-m Makefile --cpu --tokens 1", "not a GGUF file"},
-        {"bad top-p", M "--cpu --tokens 1 --top-p 0", "must be in (0, 1]"},
+        {"top-p 0", M "--cpu --tokens 1 --top-p 0", "must be in (0, 1]"},
+        {"top-p above 1", M "--cpu --tokens 1 --top-p 1.5", "must be in (0, 1]"},
+        {"min-p above 1 (would drop every token)", M "--cpu --tokens 1 --min-p 2", "must be in [0, 1]"},
+        {"negative temperature", M "--cpu --tokens 1 --temp -1", "must be >= 0"},
+        {"a count that is not a number", M "--cpu --tokens 1 -n 12x", "expected an integer"},
+        {"a temperature that is not a number", M "--cpu --tokens 1 --temp warm", "expected a number"},
         {"option without its value", M "--cpu --tokens", "needs a value"},
         {"bad --vram-limit", M "--vram-limit 15.5X --tokens 1", "expected a size"},
         {"--kl-divergence without a base file", M "--cpu --kl-divergence --tokens 1,2,3,4", "needs --kl-divergence-base"},
@@ -1051,6 +1107,9 @@ static void test_cli(void) {
         check(good, name);
         if (!good) printf("     rc=%d output: %.300s\n", rc, out);
     }
+    // a prompt that fills the context exactly is accepted
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu -c 4 --tokens 1,2,3,4 -n 0 2>&1", QWEN, m);
+    check(run_cmd(cmd, out, sizeof out) == 0, "cli: a prompt of exactly -c tokens runs");
     // --info needs no GPU: metadata, tensor table, budget
     if (need_fixture("test/data/tiny-qwen35/tiny-qwen35-q4_0.gguf", "cli: --info")) {
         snprintf(cmd, sizeof cmd, "%s -m test/data/tiny-qwen35/tiny-qwen35-q4_0.gguf --info -c 2048 2>&1", QWEN);
@@ -1525,6 +1584,15 @@ static void test_perplexity(void) {
         free(x.data);
         int r3 = kld_base_read(&x, base, V + 1, e2, sizeof e2);
         check(r3 != 0 && strstr(e2, "not comparable"), "kl-divergence base: another vocabulary is refused");
+        free(x.data);
+        whole[0] = '_';
+        int32_t bad_id = V; // the last token of the file's first chunk, one past the vocabulary
+        memcpy(whole + 20 + 4 * (n_ctx - 1), &bad_id, 4);
+        t = fopen(tpath, "wb");
+        fwrite(whole, 1, len, t);
+        fclose(t);
+        int r4 = kld_base_read(&x, tpath, V, e2, sizeof e2);
+        check(r4 != 0 && strstr(e2, "outside the vocabulary"), "kl-divergence base: a token id past the vocabulary is refused");
         free(x.data);
         unlink(tpath);
         free(whole);
