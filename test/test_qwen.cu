@@ -1347,14 +1347,55 @@ static void test_tokenizer(void) {
         report(cases == n_ref && round == cases, "tokenizer qwen2: tok-ref-public.json decode(encode(s)) == NFC(s) (mismatches)",
                cases == n_ref ? cases - round : n_ref - cases, 0);
         check_vocab_vectors(&t, "ggml-vocab-qwen2.gguf", "qwen2");
+        // the special tokens are tried longest first (a token that is a prefix of another must lose),
+        // ties by id
+        {
+            int ordered = t.n_special > 20;
+            for (int i = 1; i < t.n_special; i++) {
+                int la = t.text_len[t.special[i - 1]], lb = t.text_len[t.special[i]];
+                ordered &= la > lb || (la == lb && t.special[i - 1] < t.special[i]);
+            }
+            check(ordered, "tokenizer: special tokens are matched longest first");
+        }
 
         // invalid UTF-8: each maximal ill-formed subpart becomes one U+FFFD, as Python decodes it
         {
-            const char bad[] = "a\xff" "b\xe2\x82" "c\xed\xa0\x80" "d";
-            const char fixed[] = "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "d";
-            int *x, *y, nx = tokenizer_encode(&t, bad, sizeof bad - 1, 1, &x), ny = tokenizer_encode(&t, fixed, sizeof fixed - 1, 1, &y);
-            check(same_ids(x, nx, y, ny) && nx > 0, "tokenizer: invalid UTF-8 is read as U+FFFD (maximal subparts)");
+            // a stray byte, a cut sequence, a surrogate; overlong forms (C0/C1 leads, E0 80, F0 8F), a
+            // lead past U+10FFFF (F5) and a sequence past it (F4 90): U+FFFD counts as Python gives them
+            const char bad[] = "a\xff" "b\xe2\x82" "c\xed\xa0\x80" "d\xc0\x80" "e\xc1\xbf" "f\xe0\x80\x80" "g\xf0\x8f\xbf\xbf"
+                               "h\xf5\x80" "i\xf4\x90\x80\x80" "j";
+            const int n_fffd[] = {1, 1, 3, 2, 2, 3, 4, 2, 4};
+            char fixed[256];
+            size_t fl = 0;
+            for (int k = 0; k < 9; k++) {
+                fixed[fl++] = (char)('a' + k);
+                for (int r = 0; r < n_fffd[k]; r++) { memcpy(fixed + fl, "\xef\xbf\xbd", 3); fl += 3; }
+            }
+            fixed[fl++] = 'j';
+            int *x, *y, nx = tokenizer_encode(&t, bad, sizeof bad - 1, 1, &x), ny = tokenizer_encode(&t, fixed, fl, 1, &y);
+            check(same_ids(x, nx, y, ny) && nx > 0, "tokenizer: invalid UTF-8 is read as U+FFFD (maximal subparts, overlong forms)");
             free(x); free(y);
+        }
+        // the pre-tokenizer's pieces against its pattern, worked out by hand: contractions in any case
+        // ('s 't 're 've 'm 'll 'd), letter runs with one leading non-letter, single digits, the
+        // whitespace rules (up to the last newline; a run before a word leaves its last space to it)
+        {
+            const char *in = "I'd've you'LL they'RE 'M'S'T 123 ab\n\n  x!!\n?";
+            const char *want = "I|'d|'ve| you|'LL| they|'RE| '|M|'S|'T| |1|2|3| ab|\n\n| | x|!!\n|?|";
+            uint32_t cp[64];
+            int n = (int)strlen(in);
+            for (int i = 0; i < n; i++) cp[i] = (unsigned char)in[i];
+            char got[256];
+            size_t gl = 0;
+            for (int pos = 0; pos < n;) {
+                int l = pretok_match(cp, n, pos, PRE_QWEN2);
+                for (int i = 0; i < l; i++) got[gl++] = (char)cp[pos + i];
+                got[gl++] = '|';
+                pos += l;
+            }
+            got[gl] = 0;
+            check(!strcmp(got, want), "tokenizer: pre-tokenizer pieces of a hand-checked string (contractions, digits, spaces)");
+            if (strcmp(got, want)) printf("     got  %s\n     want %s\n", got, want);
         }
         // special tokens: recognised, or plain text with parse_special off (user-defined ones still split)
         {
@@ -1531,6 +1572,10 @@ static void test_perplexity(void) {
     double ppl_ref = exp(nll / ns), kl_ref = kl / ns;
     report(fabs(w.ppl - ppl_ref) / ppl_ref <= 1e-4, "perplexity: PPL of tiny-qwen3 f32 (seq-long, -c 256) vs the exact logits' PPL: rel. diff",
            fabs(w.ppl - ppl_ref) / ppl_ref, 1e-4);
+    // the plain path (no base file: only the targets' log-probabilities come back, engine_nll)
+    PplResult w2 = perplexity(&ef, seq->ids, 1, n_ctx, NULL, NULL, 0);
+    report(fabs(w2.ppl - ppl_ref) / ppl_ref <= 1e-4 && w2.n_scored == ns,
+           "perplexity without a base file (engine_nll): PPL vs the exact logits' PPL: rel. diff", fabs(w2.ppl - ppl_ref) / ppl_ref, 1e-4);
     KldBase b;
     char err[600];
     int rc = kld_base_read(&b, base, V, err, sizeof err);
@@ -1676,6 +1721,13 @@ static void test_budget(void) {
         budget_compute(&above, &m, h.max_ctx + 1);
         snprintf(name, sizeof name, "budget %s: 1 byte short is refused; hint -c %d fits, -c %d does not", models[mi], h.max_ctx, h.max_ctx + 1);
         check(!budget_fits(&b) && h.max_ctx < n_ctx && h.max_ctx > 0 && budget_fits(&at) && !budget_fits(&above), name);
+        // what must be free is every part of the table, the upload staging included; an exact fit fits;
+        // one byte short, the weights must average just under what they do now
+        Budget exact = b;
+        exact.card_free = budget_need(&b);
+        snprintf(name, sizeof name, "budget %s: the need is the sum of its parts; an exact fit fits; 1 byte short asks bits/weight just below the file's", models[mi]);
+        check(budget_need(&b) == b.weights + b.kv + b.state + b.logits + b.scratch + b.batch + 2 * (size_t)UPLOAD_CHUNK &&
+              b.staging == 2 * (size_t)UPLOAD_CHUNK && budget_fits(&exact) && h.bpw_fit < h.bpw && h.bpw_fit > h.bpw - 1e-3, name);
         char msg[8192];
         FILE *f = fmemopen(msg, sizeof msg, "w");
         budget_refusal(&b, &m, n_ctx, 15.5 * 1073741824.0, f);
