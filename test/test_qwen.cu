@@ -46,6 +46,10 @@ static void skip(const char *name, const char *why) {
     fflush(stdout);
     n_skip++;
 }
+// The larger of a running worst error e and a new error d, where a NaN is the worst error of all
+// (fmax would drop it: fmax(e, NaN) is e, so a kernel writing NaNs would pass its check).
+static double worse(double e, double d) { return d <= e ? e : isnan(d) ? INFINITY : d; }
+
 // a test's n named checks without a GPU: all reported as skipped; returns 1 then
 #define SKIP_ALL_WITHOUT_GPU(names) skip_all_without_gpu(names, sizeof names / sizeof names[0])
 static int skip_all_without_gpu(const char *const *names, size_t n) {
@@ -671,6 +675,93 @@ static void test_dequantizers(void) {
     }
 }
 
+// Every dequantizer on random blocks against a decoder written here, element by element, straight
+// from the block layouts (qwen-spec.md section 3): element e's quant bits, its sub-block's scale and
+// min, found by index arithmetic rather than by the loops of the engine's dequantizers.
+static int bits_at(const uint8_t *p, int bit, int n) { // n <= 8 bits starting at bit `bit` of byte array p
+    int v = 0;
+    for (int i = 0; i < n; i++) v |= ((p[(bit + i) / 8] >> ((bit + i) % 8)) & 1) << i;
+    return v;
+}
+static float spec_value(int type, const uint8_t *blk, int e) {
+    float d = 0, m = 0;
+    switch (type) {
+    case GGML_TYPE_Q4_0: { // d, 16 bytes: element j < 16 in the low nibble of byte j, j + 16 in its high one
+        d = fp16_to_f32(*(const uint16_t *)blk);
+        return d * (bits_at(blk + 2, 8 * (e % 16) + 4 * (e / 16), 4) - 8);
+    }
+    case GGML_TYPE_Q4_1:
+        d = fp16_to_f32(*(const uint16_t *)blk), m = fp16_to_f32(*(const uint16_t *)(blk + 2));
+        return d * bits_at(blk + 4, 8 * (e % 16) + 4 * (e / 16), 4) + m;
+    case GGML_TYPE_Q5_0: // d, qh (bit e: element e's fifth bit), qs as Q4_0
+        d = fp16_to_f32(*(const uint16_t *)blk);
+        return d * ((bits_at(blk + 6, 8 * (e % 16) + 4 * (e / 16), 4) | bits_at(blk + 2, e, 1) << 4) - 16);
+    case GGML_TYPE_Q5_1:
+        d = fp16_to_f32(*(const uint16_t *)blk), m = fp16_to_f32(*(const uint16_t *)(blk + 2));
+        return d * (bits_at(blk + 8, 8 * (e % 16) + 4 * (e / 16), 4) | bits_at(blk + 4, e, 1) << 4) + m;
+    case GGML_TYPE_Q8_0:
+        return fp16_to_f32(*(const uint16_t *)blk) * (int8_t)blk[2 + e];
+    case GGML_TYPE_IQ4_NL:
+        return fp16_to_f32(*(const uint16_t *)blk) * KVALUES_IQ4NL[bits_at(blk + 2, 8 * (e % 16) + 4 * (e / 16), 4)];
+    case GGML_TYPE_IQ4_XS: { // d, scales_h (2 bits per sub-block), scales_l (4 bits per sub-block), qs
+        int ib = e / 32, ls = bits_at(blk + 4, 4 * ib, 4) | bits_at(blk + 2, 2 * ib, 2) << 4;
+        int q = bits_at(blk + 8 + 16 * ib, 8 * (e % 16) + 4 * (e % 32 / 16), 4);
+        return fp16_to_f32(*(const uint16_t *)blk) * (ls - 32) * KVALUES_IQ4NL[q];
+    }
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: {
+        // 8 sub-blocks of 32; scales: 12 bytes, sub-block j < 4: scale = bits 0-5 of byte j, min = bits
+        // 0-5 of byte j+4; j >= 4: scale = low 4 bits of byte j+4, then the top 2 bits of byte j-4;
+        // min = high 4 bits of byte j+4, then the top 2 bits of byte j. qs: 64 elements per 32 bytes,
+        // the first 32 in the low nibbles. Q5_K: qh bit j of byte l is element l of sub-block j's 5th bit.
+        const uint8_t *sc = blk + 4, *qs = blk + (type == GGML_TYPE_Q5_K ? 48 : 16), *qh = blk + 16;
+        int j = e / 32, l = e % 32, scale, mn;
+        if (j < 4) scale = bits_at(sc, 8 * j, 6), mn = bits_at(sc, 8 * (j + 4), 6);
+        else scale = bits_at(sc, 8 * (j + 4), 4) | bits_at(sc, 8 * (j - 4) + 6, 2) << 4,
+             mn = bits_at(sc, 8 * (j + 4) + 4, 4) | bits_at(sc, 8 * j + 6, 2) << 4;
+        int q = bits_at(qs, 8 * (32 * (j / 2) + l) + 4 * (j % 2), 4);
+        if (type == GGML_TYPE_Q5_K) q |= bits_at(qh, 8 * l + j, 1) << 4;
+        d = fp16_to_f32(*(const uint16_t *)blk), m = fp16_to_f32(*(const uint16_t *)(blk + 2));
+        return d * scale * q - m * mn;
+    }
+    case GGML_TYPE_Q6_K: { // ql 128, qh 64, scales 16 (int8), d. Two halves of 128; in a half, quarter k
+                           // of 32: low 4 bits from ql[l + 32 (k % 2)] (low nibble for k < 2), high 2
+                           // bits from qh[l] bits 2k; scale 16 elements: scales[8 h + l / 16 + 2 k]
+        int h = e / 128, k = e % 128 / 32, l = e % 32;
+        int lo = bits_at(blk + 64 * h + 32 * (k % 2) + l, 4 * (k / 2), 4), hi = bits_at(blk + 128 + 32 * h + l, 2 * k, 2);
+        return fp16_to_f32(*(const uint16_t *)(blk + 208)) * (int8_t)blk[192 + 8 * h + l / 16 + 2 * k] * ((lo | hi << 4) - 32);
+    }
+    }
+    return NAN;
+}
+static void test_dequant_spec(void) {
+    const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
+                         GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    uint64_t r = 0xb10c5eedull;                     // its own random stream
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        int type = types[ti], qk = TYPE_TRAITS[type].blck, ts = TYPE_TRAITS[type].type_size;
+        uint8_t blk[256];
+        float y[256];
+        double e = 0;
+        for (int it = 0; it < 200; it++) {
+            for (int i = 0; i < ts; i++) blk[i] = (uint8_t)(rng_u32(&r) >> 24);
+            // the fp16 scales: finite, between 2^-8 and 2^3 in size, either sign
+            int at[2] = {type == GGML_TYPE_Q6_K ? 208 : 0, 2};
+            int n_scales = type == GGML_TYPE_Q4_1 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K ? 2 : 1;
+            for (int k = 0; k < n_scales; k++) {
+                uint16_t h = f32_to_fp16_bits((rng_f32(&r) < 0.5f ? -1.0f : 1.0f) * ldexpf(1.0f + rng_f32(&r), -8 + (int)(rng_f32(&r) * 11)));
+                memcpy(blk + at[k], &h, 2);
+            }
+            dequant_row(type, blk, y, qk);
+            double amax = 0;
+            for (int i = 0; i < qk; i++) amax = fmax(amax, fabs(spec_value(type, blk, i)));
+            for (int i = 0; i < qk; i++) e = worse(e, fabs(y[i] - spec_value(type, blk, i)) / (amax + 1e-30));
+        }
+        char name[160];
+        snprintf(name, sizeof name, "dequant %s: 200 random blocks vs the layout decoded element by element: max|d|/amax", type_name(type));
+        report(e <= 1e-6, name, e, 1e-6);
+    }
+}
+
 // =================================================================================================
 // Fixture models: logits against the exact reference
 // =================================================================================================
@@ -743,10 +834,6 @@ static int list_models(ModelFile *out, int cap, int include_qwen35) {
 }
 
 static int is_float_type(const char *type) { return !strcmp(type, "f32") || !strcmp(type, "f16") || !strcmp(type, "bf16"); }
-
-// The larger of a running worst error e and a new error d, where a NaN is the worst error of all
-// (fmax would drop it: fmax(e, NaN) is e, so a kernel writing NaNs would pass its check).
-static double worse(double e, double d) { return d <= e ? e : isnan(d) ? INFINITY : d; }
 
 static double stddev(const float *v, size_t n) {
     double s = 0, s2 = 0;
@@ -1380,8 +1467,8 @@ static void test_tokenizer(void) {
         // ('s 't 're 've 'm 'll 'd), letter runs with one leading non-letter, single digits, the
         // whitespace rules (up to the last newline; a run before a word leaves its last space to it)
         {
-            const char *in = "I'd've you'LL they'RE 'M'S'T 123 ab\n\n  x!!\n?";
-            const char *want = "I|'d|'ve| you|'LL| they|'RE| '|M|'S|'T| |1|2|3| ab|\n\n| | x|!!\n|?|";
+            const char *in = "I'dog've you'LLama they'REd x'Mx'Sy'Tz 'M 123 ab\n\n  x!!\n?";
+            const char *want = "I|'d|og|'ve| you|'LL|ama| they|'RE|d| x|'M|x|'S|y|'T|z| '|M| |1|2|3| ab|\n\n| | x|!!\n|?|";
             uint32_t cp[64];
             int n = (int)strlen(in);
             for (int i = 0; i < n; i++) cp[i] = (unsigned char)in[i];
@@ -2883,6 +2970,7 @@ int main(int argc, char **argv) {
     test_conversions();
     test_gguf_reader();
     test_dequantizers();
+    test_dequant_spec();
     test_iq4_planes();
     test_step_order();
     test_att_cut();
