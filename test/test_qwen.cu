@@ -1159,19 +1159,22 @@ static int run_cmd(const char *cmd, char *out, size_t cap) {
 
 static void test_cli(void) {
     if (access(QWEN, X_OK) != 0) { check(0, "cli: the qwen binary is built"); return; }
-    if (!need_fixture("test/data/tiny-qwen3/tiny-qwen3-q4_0.gguf", "cli tests (on tiny-qwen3-q4_0)")) return;
+    static char m[512], m35[512], mref[512]; // the fixtures, under DATA (QWEN_TEST_DATA)
+    snprintf(m, sizeof m, "%s/tiny-qwen3/tiny-qwen3-q4_0.gguf", DATA);
+    snprintf(m35, sizeof m35, "%s/tiny-qwen35/tiny-qwen35-q4_0.gguf", DATA);
+    snprintf(mref, sizeof mref, "%s/tiny-qwen3/tiny-qwen3-q4_0-text.f32", DATA);
+    if (!need_fixture(m, "cli tests (on tiny-qwen3-q4_0)")) return;
     static char out[1 << 16];
     char cmd[1024], tmp[256];
     snprintf(tmp, sizeof tmp, "/tmp/qwen_test_%d", (int)getpid());
-    const char *m = "test/data/tiny-qwen3/tiny-qwen3-q4_0.gguf";
-#define M "-m test/data/tiny-qwen3/tiny-qwen3-q4_0.gguf "
+#define M "-m MODEL " // replaced by the fixture's path below
     struct { const char *what, *args, *expect; } cases[] = {
         {"missing model file", "-m /nonexistent.gguf --cpu --tokens 1", "cannot open"},
         {"no model", "--cpu --tokens 1", "no model"},
         {"unknown option", M "--bogus", "unknown option"},
         {"token outside vocabulary", M "--cpu --tokens 1,99999", "outside the vocabulary"},
         {"prompt one token longer than the context", M "--cpu -c 4 --tokens 1,2,3,4,5", "raise -c"},
-        {"not a GGUF file", "-m Makefile --cpu --tokens 1", "not a GGUF file"},
+        {"not a GGUF file", "-m TEXTFILE --cpu --tokens 1", "not a GGUF file"},
         {"top-p 0", M "--cpu --tokens 1 --top-p 0", "must be in (0, 1]"},
         {"top-p above 1", M "--cpu --tokens 1 --top-p 1.5", "must be in (0, 1]"},
         {"min-p above 1 (would drop every token)", M "--cpu --tokens 1 --min-p 2", "must be in [0, 1]"},
@@ -1182,11 +1185,24 @@ static void test_cli(void) {
         {"bad --vram-limit", M "--vram-limit 15.5X --tokens 1", "expected a size"},
         {"--kl-divergence without a base file", M "--cpu --kl-divergence --tokens 1,2,3,4", "needs --kl-divergence-base"},
         {"--perplexity on fewer tokens than a chunk", M "--cpu --perplexity -c 64 --tokens 1,2,3,4", "fewer than one chunk"},
-        {"--kl-divergence with a foreign base file", M "--cpu --kl-divergence --kl-divergence-base Makefile", "not a KL-divergence base"},
+        {"--kl-divergence with a foreign base file", M "--cpu --kl-divergence --kl-divergence-base TEXTFILE", "not a KL-divergence base"},
     };
 #undef M
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        snprintf(cmd, sizeof cmd, "%s %s 2>&1", QWEN, cases[i].args);
+        // MODEL: the fixture model; TEXTFILE: a file that is neither GGUF nor a KL base (greedy.jsonl)
+        char args[512], *at;
+        snprintf(args, sizeof args, "%s", cases[i].args);
+        const char *pat[2] = {"MODEL", "TEXTFILE"};
+        char path[2][512];
+        snprintf(path[0], sizeof path[0], "%s", m);
+        snprintf(path[1], sizeof path[1], "%s/greedy.jsonl", DATA);
+        for (int k = 0; k < 2; k++)
+            if ((at = strstr(args, pat[k]))) {
+                char rest[512];
+                snprintf(rest, sizeof rest, "%s", at + strlen(pat[k]));
+                snprintf(at, sizeof args - (size_t)(at - args), "%s%s", path[k], rest);
+            }
+        snprintf(cmd, sizeof cmd, "%s %s 2>&1", QWEN, args);
         int rc = run_cmd(cmd, out, sizeof out);
         char name[160];
         snprintf(name, sizeof name, "cli: %s -> exit 1 with a message", cases[i].what);
@@ -1198,8 +1214,8 @@ static void test_cli(void) {
     snprintf(cmd, sizeof cmd, "%s -m %s --cpu -c 4 --tokens 1,2,3,4 -n 0 2>&1", QWEN, m);
     check(run_cmd(cmd, out, sizeof out) == 0, "cli: a prompt of exactly -c tokens runs");
     // --info needs no GPU: metadata, tensor table, budget
-    if (need_fixture("test/data/tiny-qwen35/tiny-qwen35-q4_0.gguf", "cli: --info")) {
-        snprintf(cmd, sizeof cmd, "%s -m test/data/tiny-qwen35/tiny-qwen35-q4_0.gguf --info -c 2048 2>&1", QWEN);
+    if (need_fixture(m35, "cli: --info")) {
+        snprintf(cmd, sizeof cmd, "%s -m %s --info -c 2048 2>&1", QWEN, m35);
         int rc = run_cmd(cmd, out, sizeof out);
         check(rc == 0 && strstr(out, "qwen35.ssm.state_size") && strstr(out, "blk.0.ssm_conv1d.weight") &&
               strstr(out, "VRAM budget for -c 2048") && strstr(out, "DeltaNet state: 3 layers"), "cli: --info prints metadata, tensors and the budget");
@@ -1239,7 +1255,7 @@ static void test_cli(void) {
     }
     // --dump-logits writes [n_prompt][n_vocab] floats: seq-text's, against the exact reference
     const Seq *text = n_seqs > 0 && !strcmp(SEQS[0].name, "text") ? &SEQS[0] : NULL;
-    if (text && need_fixture("test/data/tiny-qwen3/tiny-qwen3-q4_0-text.f32", "cli: --dump-logits of seq-text")) {
+    if (text && need_fixture(mref, "cli: --dump-logits of seq-text")) {
         static char ids[8192];
         size_t k = 0;
         for (int i = 0; i < text->n && k + 16 < sizeof ids; i++) k += snprintf(ids + k, sizeof ids - k, i ? ",%d" : "%d", text->ids[i]);
@@ -1249,7 +1265,7 @@ static void test_cli(void) {
         snprintf(cmd, sizeof cmd, "%s.f32", tmp);
         size_t n_got = 0, n_ref = 0;
         float *got = rc == 0 ? read_f32(cmd, &n_got) : NULL;
-        float *ref = read_f32("test/data/tiny-qwen3/tiny-qwen3-q4_0-text.f32", &n_ref);
+        float *ref = read_f32(mref, &n_ref);
         double e = INFINITY;
         if (got && ref && n_got == n_ref && n_ref == (size_t)text->n * 1024) {
             e = 0;
