@@ -6054,9 +6054,9 @@ static int arg_int(const char *opt, const char *v) {
 }
 static float arg_float(const char *opt, const char *v) {
     char *end;
-    double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x)) die("%s '%s': expected a number", opt, v);
-    return (float)x;
+    float x = (float)strtod(v, &end);
+    if (end == v || *end || !isfinite(x)) die("%s '%s': expected a number", opt, v); // inf, nan, or past a float's range
+    return x;
 }
 
 // qwen --info: the file's metadata, its tensors and the VRAM budget, without generating.
