@@ -809,6 +809,7 @@ static int list_models(ModelFile *out, int cap, int include_qwen35) {
         if (!need_fixture(dpath, check_name)) continue;
         DIR *dir = opendir(dpath);
         if (!dir) { check(0, check_name); continue; }
+        int n_before = n;
         struct dirent *e;
         while ((e = readdir(dir)) && n < cap) {
             size_t l = strlen(e->d_name);
@@ -822,6 +823,10 @@ static int list_models(ModelFile *out, int cap, int include_qwen35) {
             snprintf(m->type, sizeof m->type, "%.*s", (int)(l - 5 - ml - 1), e->d_name + ml + 1);
         }
         closedir(dir);
+        if (n == n_before) { // a directory without models: as missing as no directory
+            if (SUBSET) skip(check_name, "no model of it in this subset run");
+            else { printf("FAIL %-64s (no .gguf in %s)\n", check_name, dpath); n_fail++; }
+        }
     }
     // stable order: by model then type
     for (int i = 1; i < n; i++)
@@ -959,6 +964,8 @@ static void test_models(int use_gpu) {
     static ModelFile mf[128];
     int nm = list_models(mf, 128, 1);
     if (nm == 0) { check(0, "fixture models found under test/data"); return; }
+    // the fixture set is 31 files (4 directories); one gone would only drop its checks
+    if (!use_gpu && !SUBSET) report(nm == 31, "fixture models: the 31 .gguf files of test/data (missing)", 31 - nm, 0);
     const char *dev = use_gpu ? "gpu" : "cpu";
     for (int i = 0; i < nm; i++) {
         char path[600], name[200];
