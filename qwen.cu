@@ -6044,7 +6044,8 @@ static long long arg_i64(const char *opt, const char *v) {
     char *end;
     errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (end == v || *end || errno) die("%s '%s': expected an integer", opt, v);
+    if (end == v || *end) die("%s '%s': expected an integer", opt, v);
+    if (errno) die("%s '%s': out of range", opt, v);
     return x;
 }
 static int arg_int(const char *opt, const char *v) {
@@ -6465,7 +6466,7 @@ static void usage(void) {
             "  --perplexity      chunked perplexity of -f FILE (or -p TEXT, --tokens) with chunks of -c tokens (default 512)\n"
             "  --kl-divergence-base FILE  write llama.cpp's KL-divergence base file (implies --perplexity)\n"
             "  --kl-divergence   with --kl-divergence-base FILE: score against that file (its tokens are used)\n"
-            "  --chunks N        at most N chunks\n"
+            "  --chunks N        at most N chunks (0 or below: all)\n"
             "  --tokenize        print the prompt's token ids (comma-separated) and exit; needs no GPU\n"
             "  --detokenize IDS  print the text of ids such as 9707,1879 and exit\n"
             "  -n N              tokens to generate (default 256)\n"
@@ -6552,9 +6553,7 @@ int main(int argc, char **argv) {
     if (n_predict < 0) die("-n %d: must be >= 0", n_predict);
     if (top_p <= 0.0f || top_p > 1.0f) die("--top-p %g: must be in (0, 1]", top_p);
     if (min_p < 0.0f || min_p > 1.0f) die("--min-p %g: must be in [0, 1]", min_p); // above 1 it would drop every token
-    if (temp < 0.0f) die("--temp %g: must be >= 0 (0 is greedy)", temp);
-    if (top_k < 0) die("--top-k %d: must be >= 0 (0 is off)", top_k);
-    if (max_chunks < 0) die("--chunks %d: must be >= 0", max_chunks);
+    // as in llama.cpp: --temp <= 0 is greedy, --top-k <= 0 is off, --chunks <= 0 (e.g. -1) is all
     if (seed < 0) seed = (long long)time(NULL);
 
     // the prompt text, from -p or byte for byte from -f

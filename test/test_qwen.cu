@@ -252,7 +252,7 @@ static void test_gguf_reader(void) {
     // each malformed variant must fail with a message naming the problem
     struct { const char *what, *expect; Variant v; } cases[32];
     int nc = 0;
-#define CASE(label, msg, field, val) do { cases[nc].what = label; cases[nc].expect = msg; cases[nc].v = ok0; cases[nc].v.field = val; nc++; } while (0)
+#define CASE(label, msg, field, val) do { if (nc == (int)(sizeof cases / sizeof cases[0])) die("test: too many GGUF cases"); cases[nc].what = label; cases[nc].expect = msg; cases[nc].v = ok0; cases[nc].v.field = val; nc++; } while (0)
     CASE("version 0", "version 0", version, 0xFFFFFFFFu); // patched below to 0
     CASE("version 1", "version 1", version, 1);
     CASE("version 4", "version 4", version, 4);
@@ -308,7 +308,7 @@ static void test_gguf_reader(void) {
 
     // Counts only the file's size bounds: 200k keys and 100k tensors, each with one duplicate at the
     // end, must be rejected by name, and fast: the reader sorts (0.1 s each here), pairwise checks took
-    // 62 s and 21 s. Not a speed measurement: the 2 s bound only tells the two orders apart.
+    // 62 s and 21 s. Not a speed measurement: the 10 s bound only tells the two orders apart.
     for (int kind = 0; kind < 2; kind++) {
         const int n = kind ? 100000 : 200000;
         Buf b = {0};
@@ -341,8 +341,8 @@ static void test_gguf_reader(void) {
         double t0 = now_sec();
         int rc = gguf_parse(&gb, b.p, b.n);
         double dt = now_sec() - t0;
-        snprintf(name, sizeof name, "gguf rejects: %s with one duplicate, in under 2 s: s", kind ? "100k tensors" : "200k keys");
-        report(rc != 0 && strstr(gb.err, kind ? "duplicate tensor name" : "duplicate metadata key") && dt < 2.0, name, dt, 2.0);
+        snprintf(name, sizeof name, "gguf rejects: %s with one duplicate, in under 10 s: s", kind ? "100k tensors" : "200k keys");
+        report(rc != 0 && strstr(gb.err, kind ? "duplicate tensor name" : "duplicate metadata key") && dt < 10.0, name, dt, 10.0);
         if (rc == 0 || !strstr(gb.err, "duplicate")) printf("     message was: '%s'\n", gb.err);
         gguf_close(&gb);
         free(b.p);
@@ -683,30 +683,32 @@ static int bits_at(const uint8_t *p, int bit, int n) { // n <= 8 bits starting a
     for (int i = 0; i < n; i++) v |= ((p[(bit + i) / 8] >> ((bit + i) % 8)) & 1) << i;
     return v;
 }
+static float h16(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return fp16_to_f32(h); } // an fp16 field
+static const int8_t IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 static float spec_value(int type, const uint8_t *blk, int e) {
     float d = 0, m = 0;
     switch (type) {
     case GGML_TYPE_Q4_0: { // d, 16 bytes: element j < 16 in the low nibble of byte j, j + 16 in its high one
-        d = fp16_to_f32(*(const uint16_t *)blk);
+        d = h16(blk);
         return d * (bits_at(blk + 2, 8 * (e % 16) + 4 * (e / 16), 4) - 8);
     }
     case GGML_TYPE_Q4_1:
-        d = fp16_to_f32(*(const uint16_t *)blk), m = fp16_to_f32(*(const uint16_t *)(blk + 2));
+        d = h16(blk), m = h16(blk + 2);
         return d * bits_at(blk + 4, 8 * (e % 16) + 4 * (e / 16), 4) + m;
     case GGML_TYPE_Q5_0: // d, qh (bit e: element e's fifth bit), qs as Q4_0
-        d = fp16_to_f32(*(const uint16_t *)blk);
+        d = h16(blk);
         return d * ((bits_at(blk + 6, 8 * (e % 16) + 4 * (e / 16), 4) | bits_at(blk + 2, e, 1) << 4) - 16);
     case GGML_TYPE_Q5_1:
-        d = fp16_to_f32(*(const uint16_t *)blk), m = fp16_to_f32(*(const uint16_t *)(blk + 2));
+        d = h16(blk), m = h16(blk + 2);
         return d * (bits_at(blk + 8, 8 * (e % 16) + 4 * (e / 16), 4) | bits_at(blk + 4, e, 1) << 4) + m;
     case GGML_TYPE_Q8_0:
-        return fp16_to_f32(*(const uint16_t *)blk) * (int8_t)blk[2 + e];
+        return h16(blk) * (int8_t)blk[2 + e];
     case GGML_TYPE_IQ4_NL:
-        return fp16_to_f32(*(const uint16_t *)blk) * KVALUES_IQ4NL[bits_at(blk + 2, 8 * (e % 16) + 4 * (e / 16), 4)];
+        return h16(blk) * IQ4NL_VALUES[bits_at(blk + 2, 8 * (e % 16) + 4 * (e / 16), 4)];
     case GGML_TYPE_IQ4_XS: { // d, scales_h (2 bits per sub-block), scales_l (4 bits per sub-block), qs
         int ib = e / 32, ls = bits_at(blk + 4, 4 * ib, 4) | bits_at(blk + 2, 2 * ib, 2) << 4;
         int q = bits_at(blk + 8 + 16 * ib, 8 * (e % 16) + 4 * (e % 32 / 16), 4);
-        return fp16_to_f32(*(const uint16_t *)blk) * (ls - 32) * KVALUES_IQ4NL[q];
+        return h16(blk) * (ls - 32) * IQ4NL_VALUES[q];
     }
     case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: {
         // 8 sub-blocks of 32; scales: 12 bytes, sub-block j < 4: scale = bits 0-5 of byte j, min = bits
@@ -720,7 +722,7 @@ static float spec_value(int type, const uint8_t *blk, int e) {
              mn = bits_at(sc, 8 * (j + 4) + 4, 4) | bits_at(sc, 8 * j + 6, 2) << 4;
         int q = bits_at(qs, 8 * (32 * (j / 2) + l) + 4 * (j % 2), 4);
         if (type == GGML_TYPE_Q5_K) q |= bits_at(qh, 8 * l + j, 1) << 4;
-        d = fp16_to_f32(*(const uint16_t *)blk), m = fp16_to_f32(*(const uint16_t *)(blk + 2));
+        d = h16(blk), m = h16(blk + 2);
         return d * scale * q - m * mn;
     }
     case GGML_TYPE_Q6_K: { // ql 128, qh 64, scales 16 (int8), d. Two halves of 128; in a half, quarter k
@@ -728,7 +730,7 @@ static float spec_value(int type, const uint8_t *blk, int e) {
                            // bits from qh[l] bits 2k; scale 16 elements: scales[8 h + l / 16 + 2 k]
         int h = e / 128, k = e % 128 / 32, l = e % 32;
         int lo = bits_at(blk + 64 * h + 32 * (k % 2) + l, 4 * (k / 2), 4), hi = bits_at(blk + 128 + 32 * h + l, 2 * k, 2);
-        return fp16_to_f32(*(const uint16_t *)(blk + 208)) * (int8_t)blk[192 + 8 * h + l / 16 + 2 * k] * ((lo | hi << 4) - 32);
+        return h16(blk + 208) * (int8_t)blk[192 + 8 * h + l / 16 + 2 * k] * ((lo | hi << 4) - 32);
     }
     }
     return NAN;
@@ -751,6 +753,7 @@ static void test_dequant_spec(void) {
                 uint16_t h = f32_to_fp16_bits((rng_f32(&r) < 0.5f ? -1.0f : 1.0f) * ldexpf(1.0f + rng_f32(&r), -8 + (int)(rng_f32(&r) * 11)));
                 memcpy(blk + at[k], &h, 2);
             }
+            for (int i = 0; i < qk; i++) y[i] = NAN; // an element the dequantizer skips fails
             dequant_row(type, blk, y, qk);
             double amax = 0;
             for (int i = 0; i < qk; i++) amax = fmax(amax, fabs(spec_value(type, blk, i)));
@@ -797,18 +800,20 @@ typedef struct {
     char type[32];  // q4_0
 } ModelFile;
 
-static int list_models(ModelFile *out, int cap, int include_qwen35) {
+static int list_models(ModelFile *out, int cap, int report_missing) {
     int n = 0;
     const char *dirs[] = {"tiny-qwen2", "tiny-qwen3", "tiny-qwen3-tied", "tiny-qwen35"};
     for (int d = 0; d < 4; d++) {
-        if (!include_qwen35 && d == 3) continue;
         char dpath[300];
         snprintf(dpath, sizeof dpath, "%s/%s", DATA, dirs[d]);
         char check_name[64];
         snprintf(check_name, sizeof check_name, "fixture models %s", dirs[d]);
-        if (!need_fixture(dpath, check_name)) continue;
+        if (access(dpath, R_OK) != 0) {
+            if (report_missing) need_fixture(dpath, check_name);
+            continue;
+        }
         DIR *dir = opendir(dpath);
-        if (!dir) { check(0, check_name); continue; }
+        if (!dir) { if (report_missing) check(0, check_name); continue; }
         int n_before = n;
         struct dirent *e;
         while ((e = readdir(dir)) && n < cap) {
@@ -823,7 +828,7 @@ static int list_models(ModelFile *out, int cap, int include_qwen35) {
             snprintf(m->type, sizeof m->type, "%.*s", (int)(l - 5 - ml - 1), e->d_name + ml + 1);
         }
         closedir(dir);
-        if (n == n_before) { // a directory without models: as missing as no directory
+        if (n == n_before && report_missing) { // a directory without models: as missing as no directory
             if (SUBSET) skip(check_name, "no model of it in this subset run");
             else { printf("FAIL %-64s (no .gguf in %s)\n", check_name, dpath); n_fail++; }
         }
@@ -962,8 +967,11 @@ static void greedy_continuation(Engine *e, const Seq *text, int *out, int n) {
 
 static void test_models(int use_gpu) {
     static ModelFile mf[128];
-    int nm = list_models(mf, 128, 1);
+    int nm = list_models(mf, 128, !use_gpu); // a missing directory is reported once, by the CPU pass
     if (nm == 0) { check(0, "fixture models found under test/data"); return; }
+    char gpath[512];
+    snprintf(gpath, sizeof gpath, "%s/greedy.jsonl", DATA);
+    int have_greedy = use_gpu || need_fixture(gpath, "fixture greedy.jsonl (the greedy references)");
     // the fixture set is 31 files (4 directories); one gone would only drop its checks
     if (!use_gpu && !SUBSET) report(nm == 31, "fixture models: the 31 .gguf files of test/data (missing)", 31 - nm, 0);
     const char *dev = use_gpu ? "gpu" : "cpu";
@@ -1037,7 +1045,7 @@ static void test_models(int use_gpu) {
         // greedy continuation after seq-text: required for f32 files, reported for the others
         int ref32[64], got[64];
         int nref = greedy_ref(mf[i].model, mf[i].type, ref32);
-        if (!strcmp(mf[i].type, "f32") && nref != 32) { // required: the reference must be there
+        if (have_greedy && !strcmp(mf[i].type, "f32") && nref != 32) { // required: the reference must be there
             snprintf(name, sizeof name, "%s greedy 32 %s-%s: reference in greedy.jsonl", dev, mf[i].model, mf[i].type);
             check(0, name);
         }
@@ -1185,7 +1193,7 @@ static void test_cli(void) {
         {"top-p 0", M "--cpu --tokens 1 --top-p 0", "must be in (0, 1]"},
         {"top-p above 1", M "--cpu --tokens 1 --top-p 1.5", "must be in (0, 1]"},
         {"min-p above 1 (would drop every token)", M "--cpu --tokens 1 --min-p 2", "must be in [0, 1]"},
-        {"negative temperature", M "--cpu --tokens 1 --temp -1", "must be >= 0"},
+        {"a seed past 64 bits", M "--cpu --tokens 1 --seed 99999999999999999999", "out of range"},
         {"a count that is not a number", M "--cpu --tokens 1 -n 12x", "expected an integer"},
         {"a temperature that is not a number", M "--cpu --tokens 1 --temp warm", "expected a number"},
         {"option without its value", M "--cpu --tokens", "needs a value"},
@@ -1220,6 +1228,15 @@ static void test_cli(void) {
     // a prompt that fills the context exactly is accepted
     snprintf(cmd, sizeof cmd, "%s -m %s --cpu -c 4 --tokens 1,2,3,4 -n 0 2>&1", QWEN, m);
     check(run_cmd(cmd, out, sizeof out) == 0, "cli: a prompt of exactly -c tokens runs");
+    // llama.cpp's meanings of negative values: --temp -1 is greedy, --top-k -1 off
+    {
+        static char g0[4096], g1[4096];
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens 1,2,3 -n 8 --temp 0 2>/dev/null", QWEN, m);
+        int r0 = run_cmd(cmd, g0, sizeof g0);
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens 1,2,3 -n 8 --temp -1 --top-k -1 --seed 9 2>/dev/null", QWEN, m);
+        int r1 = run_cmd(cmd, g1, sizeof g1);
+        check(r0 == 0 && r1 == 0 && !strcmp(g0, g1), "cli: --temp -1 --top-k -1 is greedy, as in llama.cpp");
+    }
     // --info needs no GPU: metadata, tensor table, budget
     if (need_fixture(m35, "cli: --info")) {
         snprintf(cmd, sizeof cmd, "%s -m %s --info -c 2048 2>&1", QWEN, m35);
@@ -2504,11 +2521,8 @@ static void test_gpu_deltanet(void) {
         dcount = (int *)dcopy(zeros, Hk * 4);
         Act out4;
         CUDA_CHECK(cudaMalloc(&out4.f, Hv * S * 4));
-        {
-            HostXQ h0 = quantize_host(z, Hv * S); // shape only
-            out4.q = upload_xq(&h0);
-            free_hxq(&h0);
-        }
+        CUDA_CHECK(cudaMemset(out4.f, 0xff, Hv * S * 4)); // NaNs until the kernel writes
+        out4.q = upload_junk_xq(Hv * S);
         for (int step = 0; step < steps; step++) {
             for (int i = 0; i < conv_dim; i++) mixed[i] = nrand();
             for (int h = 0; h < Hv; h++) { braw[h] = nrand(); araw[h] = nrand(); }
