@@ -84,6 +84,11 @@ static char *read_file(const char *path, size_t *len) {
     return buf;
 }
 
+static void write_file(const char *path, const void *p, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(p, 1, n, f) != n || fclose(f) != 0) die("test: cannot write %s", path);
+}
+
 static float *read_f32(const char *path, size_t *n) {
     size_t len;
     char *b = read_file(path, &len);
@@ -685,29 +690,32 @@ static int bits_at(const uint8_t *p, int bit, int n) { // n <= 8 bits starting a
 }
 static float h16(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return fp16_to_f32(h); } // an fp16 field
 static const int8_t IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// the bit where element e (< 32) of a 16-byte nibble array starts: elements 0..15 in the low
+// nibbles of bytes 0..15, 16..31 in their high nibbles
+static int nibble_bit(int e) { return 8 * (e % 16) + 4 * (e / 16); }
 static float spec_value(int type, const uint8_t *blk, int e) {
     float d = 0, m = 0;
     switch (type) {
     case GGML_TYPE_Q4_0: { // d, 16 bytes: element j < 16 in the low nibble of byte j, j + 16 in its high one
         d = h16(blk);
-        return d * (bits_at(blk + 2, 8 * (e % 16) + 4 * (e / 16), 4) - 8);
+        return d * (bits_at(blk + 2, nibble_bit(e), 4) - 8);
     }
     case GGML_TYPE_Q4_1:
         d = h16(blk), m = h16(blk + 2);
-        return d * bits_at(blk + 4, 8 * (e % 16) + 4 * (e / 16), 4) + m;
+        return d * bits_at(blk + 4, nibble_bit(e), 4) + m;
     case GGML_TYPE_Q5_0: // d, qh (bit e: element e's fifth bit), qs as Q4_0
         d = h16(blk);
-        return d * ((bits_at(blk + 6, 8 * (e % 16) + 4 * (e / 16), 4) | bits_at(blk + 2, e, 1) << 4) - 16);
+        return d * ((bits_at(blk + 6, nibble_bit(e), 4) | bits_at(blk + 2, e, 1) << 4) - 16);
     case GGML_TYPE_Q5_1:
         d = h16(blk), m = h16(blk + 2);
-        return d * (bits_at(blk + 8, 8 * (e % 16) + 4 * (e / 16), 4) | bits_at(blk + 4, e, 1) << 4) + m;
+        return d * (bits_at(blk + 8, nibble_bit(e), 4) | bits_at(blk + 4, e, 1) << 4) + m;
     case GGML_TYPE_Q8_0:
         return h16(blk) * (int8_t)blk[2 + e];
     case GGML_TYPE_IQ4_NL:
-        return h16(blk) * IQ4NL_VALUES[bits_at(blk + 2, 8 * (e % 16) + 4 * (e / 16), 4)];
+        return h16(blk) * IQ4NL_VALUES[bits_at(blk + 2, nibble_bit(e), 4)];
     case GGML_TYPE_IQ4_XS: { // d, scales_h (2 bits per sub-block), scales_l (4 bits per sub-block), qs
         int ib = e / 32, ls = bits_at(blk + 4, 4 * ib, 4) | bits_at(blk + 2, 2 * ib, 2) << 4;
-        int q = bits_at(blk + 8 + 16 * ib, 8 * (e % 16) + 4 * (e % 32 / 16), 4);
+        int q = bits_at(blk + 8 + 16 * ib, nibble_bit(e % 32), 4);
         return h16(blk) * (ls - 32) * IQ4NL_VALUES[q];
     }
     case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: {
@@ -808,10 +816,7 @@ static int list_models(ModelFile *out, int cap, int report_missing) {
         snprintf(dpath, sizeof dpath, "%s/%s", DATA, dirs[d]);
         char check_name[64];
         snprintf(check_name, sizeof check_name, "fixture models %s", dirs[d]);
-        if (access(dpath, R_OK) != 0) {
-            if (report_missing) need_fixture(dpath, check_name);
-            continue;
-        }
+        if (report_missing ? !need_fixture(dpath, check_name) : access(dpath, R_OK) != 0) continue;
         DIR *dir = opendir(dpath);
         if (!dir) { if (report_missing) check(0, check_name); continue; }
         int n_before = n;
@@ -1249,9 +1254,7 @@ static void test_cli(void) {
         size_t len;
         char *f = read_file(m, &len);
         snprintf(cmd, sizeof cmd, "%s_trunc.gguf", tmp);
-        FILE *w = fopen(cmd, "wb");
-        fwrite(f, 1, len / 2, w);
-        fclose(w);
+        write_file(cmd, f, len / 2);
         free(f);
         char c2[1024];
         snprintf(c2, sizeof c2, "%s -m %s --cpu --tokens 1 2>&1", QWEN, cmd);
@@ -1267,9 +1270,7 @@ static void test_cli(void) {
         v.bad_type = 1;
         Buf b = make_gguf(&v);
         snprintf(cmd, sizeof cmd, "%s_type.gguf", tmp);
-        FILE *w = fopen(cmd, "wb");
-        fwrite(b.p, 1, b.n, w);
-        fclose(w);
+        write_file(cmd, b.p, b.n);
         free(b.p);
         char c2[1024];
         snprintf(c2, sizeof c2, "%s -m %s --cpu --tokens 1 2>&1", QWEN, cmd);
@@ -1740,17 +1741,13 @@ static void test_perplexity(void) {
         size_t len;
         char *whole = read_file(base, &len), tpath[300], e2[600];
         snprintf(tpath, sizeof tpath, "%s.trunc", base);
-        FILE *t = fopen(tpath, "wb");
-        fwrite(whole, 1, len - 100, t);
-        fclose(t);
+        write_file(tpath, whole, len - 100);
         KldBase x;
         int r1 = kld_base_read(&x, tpath, V, e2, sizeof e2);
         check(r1 != 0 && strstr(e2, "truncated"), "kl-divergence base: a truncated file is refused");
         free(x.data);
         whole[0] = 'X';
-        t = fopen(tpath, "wb");
-        fwrite(whole, 1, len, t);
-        fclose(t);
+        write_file(tpath, whole, len);
         int r2 = kld_base_read(&x, tpath, V, e2, sizeof e2);
         check(r2 != 0 && strstr(e2, "not a KL-divergence base file"), "kl-divergence base: a foreign file is refused");
         free(x.data);
@@ -1760,9 +1757,7 @@ static void test_perplexity(void) {
         whole[0] = '_';
         int32_t bad_id = V; // the last token of the file's first chunk, one past the vocabulary
         memcpy(whole + 20 + 4 * (n_ctx - 1), &bad_id, 4);
-        t = fopen(tpath, "wb");
-        fwrite(whole, 1, len, t);
-        fclose(t);
+        write_file(tpath, whole, len);
         int r4 = kld_base_read(&x, tpath, V, e2, sizeof e2);
         check(r4 != 0 && strstr(e2, "outside the vocabulary"), "kl-divergence base: a token id past the vocabulary is refused");
         free(x.data);
