@@ -1970,7 +1970,7 @@ __device__ __forceinline__ void nibbles(int w, int *lo, int *hi) {
 // The dot runs in two steps, so that a thread can put the loads of all its rows in flight before it
 // waits for any of them:
 //   sub_load<TYPE>(W, g, NB) -> WSub    the sub-block's bytes: 16 of quants, the rest scales/high bits
-//   sub_dot<TYPE>(w, sub, x)            sum_{e<32} w[e] * x^[e], from registers (sub = g % 8, the
+//   sub_dot<TYPE>(w, sub, x, lut)       sum_{e<32} w[e] * x^[e], from registers (sub = g % 8, the
 //                                       sub-block's place in its 256-weight super-block)
 typedef struct {
     int4 q;  // the 16-byte quants of the qs plane
@@ -2008,8 +2008,18 @@ __device__ __forceinline__ unsigned short ldw(const unsigned short *p) {
     return v;
 }
 
+// The mat-vecs' copy of the tables' first words. prmt's first source must be a register (the second
+// may be an immediate). Given as constants, the sm_90 compilers (CUDA 13's ptxas, and the driver's
+// JIT of the sm_70 PTX on an H200) rebuild the constant in a fresh register before nearly every prmt
+// that uses it: ~57 more instructions on each unit of 4 rows x 32 weights, ~368 in all (the SASS of
+// the 640-thread IQ4_XS kernel). Read from memory once per run, they stay in two registers: 27B
+// IQ4_XS 6.147 -> 6.068 ms a token, Qwen3-32B IQ4_XS 6.945 -> 6.775 (H200, test/PERF_NOTES.md run
+// 20). CUDA 11.8's sm_70 code kept them in registers already.
+typedef struct { int a0, d0; } Iq4Lut;
+__device__ Iq4Lut d_iq4_lut = {(int)IQ4_A0, (int)IQ4_D0}; // never written: not const, so not folded
+
 template <int TYPE> __device__ WSub sub_load(const uint8_t *W /* planes, NB sub-blocks */, unsigned g, size_t NB);
-template <int TYPE> __device__ float sub_dot(const WSub &w, int sub, const XBlock &x);
+template <int TYPE> __device__ float sub_dot(const WSub &w, int sub, const XBlock &x, const Iq4Lut &lut);
 
 // Q4_0: w = d * (q - 8)   ->   d * s * (sum q*X - 8 * sum X)
 template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_0>(const uint8_t *W, unsigned g, size_t NB) {
@@ -2018,7 +2028,7 @@ template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_0>(const uint8
     w.e = ldw((const unsigned short *)(W + 16 * NB) + g); // d
     return w;
 }
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const WSub &w, int, const XBlock &x) {
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const WSub &w, int, const XBlock &x, const Iq4Lut &) {
     float d = __half2float(__ushort_as_half((unsigned short)w.e));
     const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
@@ -2058,11 +2068,13 @@ __host__ __device__ __forceinline__ int prmt(int a, int b, int sel) {
     return (int)d;
 #endif
 }
-__host__ __device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) {
+// a0, d0: the tables' first words (IQ4_A0, IQ4_D0; Iq4Lut above says why they are arguments).
+__host__ __device__ __forceinline__ void iq4_lookup8(int w, int a0, int d0, int *lo, int *hi) {
     int m = w & 0x77777777;
-    *lo = (int)((uint32_t)prmt(IQ4_A0, IQ4_A1, m) + (uint32_t)prmt(IQ4_D0, IQ4_D1, w));
-    *hi = (int)((uint32_t)prmt(IQ4_A0, IQ4_A1, m >> 16) + (uint32_t)prmt(IQ4_D0, IQ4_D1, w >> 16));
+    *lo = (int)((uint32_t)prmt(a0, IQ4_A1, m) + (uint32_t)prmt(d0, IQ4_D1, w));
+    *hi = (int)((uint32_t)prmt(a0, IQ4_A1, m >> 16) + (uint32_t)prmt(d0, IQ4_D1, w >> 16));
 }
+__host__ __device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) { iq4_lookup8(w, (int)IQ4_A0, (int)IQ4_D0, lo, hi); }
 
 // IQ4_XS: w = d * (ls - 32) * kvalues[q];  h.x, h.y = the super-block's header entry (d, 8 scales)
 template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, unsigned g, size_t NB) {
@@ -2073,13 +2085,13 @@ template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_XS>(const uin
     w.h.y = hdr.y;
     return w;
 }
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const WSub &w, int ib, const XBlock &x) {
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const WSub &w, int ib, const XBlock &x, const Iq4Lut &lut) {
     int ls = iq4_plane_ls((uint32_t)w.h.x, (uint32_t)w.h.y, ib);
     float d = __half2float(__ushort_as_half((unsigned short)(w.h.x & 0xffff)));
     const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
 #pragma unroll
-    for (int k = 0; k < 4; k++) iq4_lookup8(qw[k], &lo[k], &hi[k]);
+    for (int k = 0; k < 4; k++) iq4_lookup8(qw[k], lut.a0, lut.d0, &lo[k], &hi[k]);
     return d * (float)(ls - 32) * x.s * (float)dot_q_x(lo, hi, x);
 }
 
@@ -2104,7 +2116,7 @@ template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_K>(const uint8
     w.h = ldw((const int4 *)(W + 20 * NB) + g / 8);
     return w;
 }
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub &w, int sub, const XBlock &x) {
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub &w, int sub, const XBlock &x, const Iq4Lut &) {
     int scale, mn;
     k_scale_min_words(sub, w.h.y, w.h.z, w.h.w, &scale, &mn);
     const int *qw = (const int *)&w.q;
@@ -2131,7 +2143,7 @@ template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q6_K>(const uint8
     w.h.w = ldw((const unsigned short *)(W + 26 * NB) + g / 8);
     return w;
 }
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const WSub &w, int, const XBlock &x) {
+template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const WSub &w, int, const XBlock &x, const Iq4Lut &) {
     int sc0 = (int8_t)(w.h.z & 0xff), sc1 = (int8_t)((w.h.z >> 8) & 0xff);
     float d = __half2float(__ushort_as_half((unsigned short)w.h.w));
     const int *qw = (const int *)&w.q;
@@ -2316,6 +2328,7 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
     }
 #define MV_G(grp, kk, sl, r) \
     (STEP ? ((sl) * R + (r)) * WARP + lane : (unsigned)min((grp) * R + (r), last_row) * n_sub + WARP * (kk) + lane)
+    Iq4Lut lut = d_iq4_lut;
     WSub w[R];
     float acc[R];
     {
@@ -2335,7 +2348,7 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
             XBlock x = load_xblock(xq, u, n_sub);
 #pragma unroll
             for (int r = 0; r < R; r++) { // multiply row r, then refill its registers with the next unit
-                acc[r] += sub_dot<TYPE>(w[r], u % 8, x);
+                acc[r] += sub_dot<TYPE>(w[r], u % 8, x, lut);
                 if (more) w[r] = sub_load<TYPE>(W, MV_G(ng, nk, sn, r), NB);
             }
         } else if (more) {
@@ -2497,6 +2510,7 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
     __shared__ float part[FAST_MAX_THREADS / WARP][R];
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
     size_t NB = (size_t)n_out * n_sub;
+    Iq4Lut lut = d_iq4_lut;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
@@ -2513,7 +2527,7 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
         if (LOADS_FIRST) __syncwarp();
         if (!LOADS_FIRST || u0 + lane < n_sub) {
 #pragma unroll
-            for (int r = 0; r < R; r++) acc[r] += sub_dot<TYPE>(w[r], u % 8, xb);
+            for (int r = 0; r < R; r++) acc[r] += sub_dot<TYPE>(w[r], u % 8, xb, lut);
         }
     }
 #pragma unroll
@@ -2703,7 +2717,8 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
 // the number of splits, and the cost of merging them, stays bounded as the context grows). Block
 // (kv head j, split s) takes its chunks one after the other for the g = n_head/n_kv query heads
 // that share kv head j, so each K/V row is read once for all of them. A chunk's K and V rows are
-// first copied to shared memory with 16-byte loads (all in flight at once), then scores, softmax and
+// first copied to shared memory with 16-byte loads (all in flight at once, issued one chunk ahead:
+// the first chunk's before q is rotated, the next one's while this one is scored), then scores, softmax and
 // the weighted sum of V run from there, folded into the split's running state (online softmax):
 //   m' = max(m, max score),  c = e^(m - m'),  l' = c l + sum e^(score - m'),  o' = c o + sum e^(score - m') V.
 // Output per query head and split: m, l, o. The last block of a kv head merges the splits (below).
@@ -2787,6 +2802,23 @@ __host__ __device__ __forceinline__ AttCut att_cut(int pos, int n_split, int chu
 // Split s walks chunks s * cps up to (not including) att_split_end; chunk c holds att_chunk_len keys.
 __host__ __device__ __forceinline__ int att_split_end(AttCut a, int s) { return min((s + 1) * a.cps, a.n_chunks); }
 __host__ __device__ __forceinline__ int att_chunk_len(AttCut a, int pos, int c) { return min(a.ck, pos + 1 - c * a.ck); }
+// Rows t0 .. t0+nl-1 of kv head j's K and V cache into registers, thread by thread: row t's hd/8
+// 16-byte pieces are i = t * hd/8 + cc, and thread x holds i = x, x + ATT_THREADS, ... (chunk * hd <=
+// 8192, so at most ATT_STAGE of each). Evict-first (__ldcs), like the weights: the cache is read
+// once per token.
+__device__ __forceinline__ void att_rows_load(uint4 *kr, uint4 *vr, const __half *kc, const __half *vc, int t0, int nl,
+                                              int n_kv, int j, int hd) {
+    int v8 = hd / 8;
+#pragma unroll
+    for (int k = 0; k < ATT_STAGE; k++) {
+        int i = threadIdx.x + k * ATT_THREADS, t = i / v8, cc = i % v8;
+        size_t src = ((size_t)(t0 + t) * n_kv + j) * hd + 8 * cc;
+        if (i < nl * v8) {
+            kr[k] = __ldcs((const uint4 *)(kc + src));
+            vr[k] = __ldcs((const uint4 *)(vc + src));
+        }
+    }
+}
 // HD > 0: the head dim as a compile-time constant (unrolled loops, immediate offsets); 0: hd_arg.
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, 2) // 2 blocks per SM: at most 128 registers
@@ -2820,6 +2852,16 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
     __half *kh = (__half *)(rcs + hd / 2), *vh = kh + hd;       // (hd) its k and v rows for the cache
     // own: this block holds key *pos (the last split) and writes this token's k and v into the cache
     int own = cur.q_src != NULL && split == ns - 1;
+    // The K/V rows go out one chunk ahead: the first chunk's now, before q is read and rotated (they
+    // do not depend on it; the own block's key *pos, written below, is not among them: it comes from
+    // kh, vh), each next chunk's while the current one is scored. At 2048 keys, where a split takes
+    // 2-3 chunks, the attention alone goes 21.8 -> 20.4 us a layer (27B), 16.3 -> 15.3 (Qwen3-32B);
+    // at 128 keys, one chunk a split, it is unchanged (H200, test/PERF_NOTES.md run 20). Chunk c's
+    // rows from the cache: att_chunk_len of them, less this token's own in the own block's last chunk.
+#define ATT_CACHE_ROWS(c) (att_chunk_len(cut, pos, c) - (own && (c) == n_chunks - 1))
+    int c_first = split * cps, c_end = att_split_end(cut, split);
+    uint4 kr[ATT_STAGE], vr[ATT_STAGE];
+    att_rows_load(kr, vr, kc, vc, c_first * ck, ATT_CACHE_ROWS(c_first), n_kv, j, hd);
     {   // q of the g heads (g * hd <= ATT_THREADS * ATT_MAX_OUT floats), and the own block's k and v:
         // 16-byte loads, all issued before the first store
         const int NQ = ATT_MAX_OUT / 4;
@@ -2907,24 +2949,10 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
     }
     float scale = rsqrtf((float)hd);
     int v8 = hd / 8;
-    for (int c = split * cps; c < att_split_end(cut, split); c++) {
-        int t0 = c * ck, nt = att_chunk_len(cut, pos, c);
-        int nl = own && c == n_chunks - 1 ? nt - 1 : nt; // rows from the cache (the own block has key *pos in kh, vh)
+    for (int c = c_first; c < c_end; c++) {
+        int nt = att_chunk_len(cut, pos, c), nl = ATT_CACHE_ROWS(c); // the own block has key *pos in kh, vh
         __syncthreads(); // the previous chunk is consumed
-        // stage the chunk's K and V rows (hd/8 uint4 per row; chunk * hd <= 8192, so at most
-        // ATT_STAGE of each per thread): every load issued before the first store, one memory
-        // latency per chunk (a loop of load-store pairs waits one latency per pair). Evict-first
-        // (__ldcs), like the weights: the cache is read once per token.
-        uint4 kr[ATT_STAGE], vr[ATT_STAGE];
-#pragma unroll
-        for (int k = 0; k < ATT_STAGE; k++) {
-            int i = threadIdx.x + k * ATT_THREADS, t = i / v8, cc = i % v8;
-            size_t src = ((size_t)(t0 + t) * n_kv + j) * hd + 8 * cc;
-            if (i < nl * v8) {
-                kr[k] = __ldcs((const uint4 *)(kc + src));
-                vr[k] = __ldcs((const uint4 *)(vc + src));
-            }
-        }
+        // the chunk's rows, loaded one chunk ago, into shared memory
 #pragma unroll
         for (int k = 0; k < ATT_STAGE; k++) {
             int i = threadIdx.x + k * ATT_THREADS, t = i / v8, cc = i % v8;
@@ -2938,6 +2966,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
             *(uint4 *)(Vs + (size_t)nl * hd + 8 * threadIdx.x) = ((const uint4 *)vh)[threadIdx.x];
         }
         __syncthreads();
+        if (c + 1 < c_end) att_rows_load(kr, vr, kc, vc, (c + 1) * ck, ATT_CACHE_ROWS(c + 1), n_kv, j, hd);
         KERNEL_MARK(2);
         // scores: one thread per (head, key) pair, 8 dims per step (one 16-byte K load, two of q),
         // four partial sums so the FMAs do not wait on each other
@@ -3006,6 +3035,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
             o[k] = make_float2(cr * o[k].x + (a.x + b.x), cr * o[k].y + (a.y + b.y));
         }
     }
+#undef ATT_CACHE_ROWS
     KERNEL_MARK(4);
     if (threadIdx.x < g) {
         size_t idx = ((size_t)(j * g + threadIdx.x) * n_split + split) * 2;
