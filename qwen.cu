@@ -2423,9 +2423,11 @@ static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y)
 
 // The launch's block shape (see the top of this part): one block of MV_ONE_BLOCK threads per SM for
 // launches of one type, Q4_0 or Q6_K in step order or IQ4_XS; one of 512 for launches that mix
-// IQ4_XS with another type (at 640 threads their kernel spills registers, as does Q5_K's in step
-// order on sm_70); two blocks of 256 for the rest (Q5_K alone, row-by-row launches without IQ4_XS,
-// mixed launches in step order: small shapes, other files).
+// IQ4_XS with another type row by row (at 640 threads their kernel spills registers, as does Q5_K's
+// in step order on sm_70); two blocks of 256 for the rest (Q5_K alone, row-by-row launches without
+// IQ4_XS, every mixed launch in step order: small shapes, other files). matvec_stream launches only
+// the kernel whose block shape this says: a plan of one shape run with the other's block would
+// cover a different set of units.
 #define MV_ONE_BLOCK 640 // 20 warps at 96 registers (ptxas, sm_70 and sm_90: no spills for these)
 // The type of all the plan's matrices, or -1 when they mix types.
 static int mv_plan_type(const MvPlan *p) {
@@ -2435,8 +2437,8 @@ static int mv_plan_type(const MvPlan *p) {
 }
 static int mv_threads(const MvPlan *p, int step) {
     int t = mv_plan_type(p);
-    if (t < 0) {
-        for (int m = 0; m < p->n; m++)
+    if (t < 0) { // mixed types: a 512-thread kernel row by row, 256 in step order
+        for (int m = 0; m < p->n && !step; m++)
             if (p->type[m] == GGML_TYPE_IQ4_XS) return 512;
         return 256;
     }
@@ -2465,7 +2467,11 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     for (int m = 1; m < p->n; m++)
         if ((p->so[m].upw != 0) != step) die("streaming mat-vec: matrices in step order and row by row in one launch");
     int threads = mv_threads(p, step), blocks = (used + threads / WARP - 1) / (threads / WARP);
-#define STREAM(T, STEP, THREADS) matvec_stream_kernel<T, STEP, THREADS><<<blocks, THREADS, 0, st>>>(*p, xq, n_sub)
+#define STREAM(T, STEP, THREADS)                                                                        \
+    do {                                                                                                \
+        if (THREADS != threads) die("streaming mat-vec: a %d-thread kernel for a %d-thread plan", THREADS, threads); \
+        matvec_stream_kernel<T, STEP, THREADS><<<blocks, THREADS, 0, st>>>(*p, xq, n_sub);              \
+    } while (0)
 #define ONE_TYPE(T)                                          \
     if (threads == MV_ONE_BLOCK && step) STREAM(T, true, MV_ONE_BLOCK); \
     else if (threads == MV_ONE_BLOCK) STREAM(T, false, MV_ONE_BLOCK);   \
@@ -4725,7 +4731,9 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
 // are: none with an IQ4_XS matrix. IQ4_XS's streaming loop is held by its arithmetic (the lookup),
 // not by where its reads fall, and the step order's slot arithmetic costs it more than the order
 // saves (27B IQ4_XS file, everything streamed in step order: 6.276 -> 6.305 ms; Q4_0 file 5.684 ->
-// 5.578; test/PERF_NOTES.md run 16).
+// 5.578; test/PERF_NOTES.md run 16). Measured again with the table words in registers (run 21):
+// every IQ4_XS launch in step order 6.002 ms against 6.000 row by row; gate/up alone within a
+// start's spread, slower on Qwen3-32B. Row by row kept.
 static void step_order_set(int n, Tensor *const *W) {
     MvPlan p;
     memset(&p, 0, sizeof p);

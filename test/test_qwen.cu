@@ -2606,30 +2606,36 @@ static void make_rows(const float *x, int T, int n, uint16_t *X, float *s) {
 }
 
 // Planes in step order on the GPU: two matrices streamed in one launch (as gate and up), stored in
-// the order of that launch's reads (step_order_set: every fast type, IQ4_XS too, which the engine
-// leaves row by row), against matvec_xq_c; then the prefill product
-// reading the second one's planes, against matmul_c. Sizes: runs of several units, the second
-// matrix starting inside a warp's run.
+// the order of that launch's reads (step_order_set), against matvec_xq_c; then the prefill product
+// reading the second one's planes, against matmul_c. Every fast type, and a launch that mixes
+// IQ4_XS with Q5_K (the 27B IQ4_XS file's DeltaNet in-projections: the mixed kernel, whose block
+// shape differs in step order). Sizes: runs of several units, the second matrix starting inside a
+// warp's run.
 static void test_gpu_step_order(void) {
-    const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
-    for (int ti = 0; ti < 4; ti++) {
-        int type = types[ti];
-        char name[160], name2[160];
-        snprintf(name, sizeof name, "gpu step-order planes %s: streaming mat-vec of 2 matrices vs matvec_xq_c: |d|/sum|wx|",
-                 type_name(type));
-        snprintf(name2, sizeof name2, "gpu step-order planes %s: prefill product vs matmul_c: |d|/sum|wx|", type_name(type));
+    const int pairs[][2] = {{GGML_TYPE_Q4_0, GGML_TYPE_Q4_0},
+                            {GGML_TYPE_IQ4_XS, GGML_TYPE_IQ4_XS},
+                            {GGML_TYPE_Q5_K, GGML_TYPE_Q5_K},
+                            {GGML_TYPE_Q6_K, GGML_TYPE_Q6_K},
+                            {GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K}};
+    for (int pi = 0; pi < 5; pi++) {
+        const int *tp = pairs[pi];
+        char tn[40], name[160], name2[160];
+        if (tp[0] == tp[1]) snprintf(tn, sizeof tn, "%s", type_name(tp[0]));
+        else snprintf(tn, sizeof tn, "%s + %s", type_name(tp[0]), type_name(tp[1]));
+        snprintf(name, sizeof name, "gpu step-order planes %s: streaming mat-vec of 2 matrices vs matvec_xq_c: |d|/sum|wx|", tn);
+        snprintf(name2, sizeof name2, "gpu step-order planes %s: prefill product vs matmul_c: |d|/sum|wx|", tn);
         if (!HAVE_GPU) { skip(name, "no GPU"); skip(name2, "no GPU"); continue; }
         int saved = g_mv_mode;
         g_mv_mode = MV_STREAM;
         const int n_in = 2048, warps = mv_grid_warps();
         const int n_out[2] = {MV_ROWS * (2 * warps + 7), MV_ROWS * (warps + 5)}; // a few units a run
-        size_t rb = row_bytes(type, n_in);
+        size_t rbs[2] = {row_bytes(tp[0], n_in), row_bytes(tp[1], n_in)};
         Tensor W[2];
         uint8_t *w[2];
         for (int i = 0; i < 2; i++) {
-            w[i] = (uint8_t *)xmalloc(rb * n_out[i]);
-            for (int r = 0; r < n_out[i]; r++) random_row(type, w[i] + r * rb, n_in);
-            W[i] = Tensor{"test", type, n_in, n_out[i], w[i], rb * n_out[i], NULL, 0};
+            w[i] = (uint8_t *)xmalloc(rbs[i] * n_out[i]);
+            for (int r = 0; r < n_out[i]; r++) random_row(tp[i], w[i] + r * rbs[i], n_in);
+            W[i] = Tensor{"test", tp[i], n_in, n_out[i], w[i], rbs[i] * n_out[i], NULL, 0};
         }
         Tensor *WW[2] = {&W[0], &W[1]};
         step_order_set(2, WW);
@@ -2653,7 +2659,7 @@ static void test_gpu_step_order(void) {
         for (int i = 0; i < 2; i++) {
             CUDA_CHECK(cudaMemcpy(y, dy[i], n_out[i] * 4, cudaMemcpyDeviceToHost));
             matvec_xq_c(&W[i], hq.H, hq.L, hq.s, NULL, ref, 0, row);
-            abs_dot_scale(type, w[i], rb, n_in, n_out[i], x, 1, scale, row);
+            abs_dot_scale(tp[i], w[i], rbs[i], n_in, n_out[i], x, 1, scale, row);
             worst = worse(worst, max_rel_err(y, ref, scale, n_out[i]));
         }
         report(ordered && repack_ok && worst <= 1e-5, name, ordered && repack_ok ? worst : INFINITY, 1e-5);
@@ -2667,7 +2673,7 @@ static void test_gpu_step_order(void) {
         double *pscale = (double *)xmalloc((size_t)T * n_out[1] * sizeof(double));
         memset(pref, 0, (size_t)T * n_out[1] * 4);
         matmul_c(&W[1], X, xs, xt, n_in, T, pref, n_out[1], NULL, 0, row);
-        abs_dot_scale(type, w[1], rb, n_in, n_out[1], xt, T, pscale, row);
+        abs_dot_scale(tp[1], w[1], rbs[1], n_in, n_out[1], xt, T, pscale, row);
         GpuState s;
         memset(&s, 0, sizeof s);
         s.part_elems = 2 * MM_SLOT * (size_t)mm_resident(-1);
