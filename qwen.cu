@@ -3,8 +3,8 @@
 // Runs Qwen2/2.5 (`qwen2`), Qwen3 (`qwen3`) and Qwen3.5/3.6 (`qwen35`: Gated DeltaNet + gated
 // attention) straight from a GGUF file on one NVIDIA GPU, built first for the V100 (sm_70: no bf16,
 // dp4a, 900 GB/s) and running on every newer card. The whole model is on the GPU or it does not run:
-// a VRAM budget proves it fits before anything large is allocated. Every GPU kernel has a plain-C
-// twin in this file: the C twin is the readable specification, `--cpu` runs the whole model on it,
+// a VRAM budget proves it fits before anything large is allocated. Every kernel of the forward
+// pass has a plain-C twin in this file: the C twin is the readable specification, `--cpu` runs the whole model on it,
 // and the tests compare the two.
 //
 // Read it top to bottom; the sections follow the data:
@@ -22,7 +22,8 @@
 //   7. GPU forward .......... VRAM budget, device memory, weight upload, the per-token layer loop
 //                             replayed as a CUDA graph, and the batched prompt pass
 //   8. tokenizer & sampler .. tokenizer.c (byte-level BPE); greedy, temperature, top-k, top-p, min-p
-//   9. generation & CLI ..... llama.cpp's flag names, chat, timing lines, logits dump, --bench
+//   9. generation & CLI ..... llama.cpp's flag names, chat, timing lines, logits dump, --info,
+//                             --bench (and its kernels), perplexity and KL divergence files
 //
 // Conventions used everywhere:
 //   * A weight with GGUF shape {n_in, n_out} is n_out rows of n_in elements; y[r] = dot(W[r,:], x).
@@ -153,7 +154,8 @@ static float bf16_to_f32(uint16_t b) {
 // The file is mapped read-only and parsed in place. It is an attack surface, so every read goes
 // through a cursor that knows how many bytes are left, every count is checked before it is used to
 // allocate or to index, and every failure names the field it was reading. The checks follow
-// ggml's reference reader (see qwen-spec.md §4), plus: zero-sized dimensions are rejected.
+// ggml's reference reader (gguf.cpp in the ggml repository), plus: zero-sized dimensions are
+// rejected.
 
 enum {
     GGUF_TYPE_U8 = 0, GGUF_TYPE_I8 = 1, GGUF_TYPE_U16 = 2, GGUF_TYPE_I16 = 3, GGUF_TYPE_U32 = 4,
@@ -308,7 +310,8 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
 
     int64_t n_tensors = rd_i64(&c, "n_tensors");
     int64_t n_kv = rd_i64(&c, "n_kv");
-    // Each KV pair takes at least 8+1+4+1 bytes and each tensor info at least 8+4+4+8: bounding
+    // Each KV pair takes at least 8+4+1 bytes (an empty key, a one-byte value) and each tensor info
+// at least 8+4+4+8 (an empty name, no dims): bounding
     // the counts by the file size keeps the allocations below honest.
     if (n_tensors < 0 || (uint64_t)n_tensors > size / 24)
         gguf_fail(g, "n_tensors = %lld is impossible for a file of %zu bytes", (long long)n_tensors, size);
@@ -889,7 +892,7 @@ typedef struct {
     int64_t n_in, n_out;   // ne[0], ne[1]
     const uint8_t *host;   // (n_out, row_bytes(type, n_in)) in the mapped file
     size_t nbytes;
-    void *dev;             // same bytes in device memory, or NULL (host-only / not uploaded)
+    void *dev;             // device copy: the file's rows, or (planes = 1) the plane layout; NULL if not uploaded
     int planes;            // 1: the device copy is in the plane layout of the fast mat-vecs (section 6)
     StepOrder so;          // planes only: the order of their units (section 6; so.upw = 0: row by row)
 } Tensor;
@@ -1005,7 +1008,7 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     memset(recurrent, 0, sizeof recurrent);
     if (c->arch == ARCH_QWEN35) {
         // MRoPE sections: required by the format; for text every section rotates with the same
-        // position, which is plain NEOX RoPE on the first n_rot dims (qwen-spec.md §1.3)
+        // position, which is plain NEOX RoPE on the first n_rot dims
         const GGUFKV *sec = gguf_find(g, KEY("rope.dimension_sections"));
         if (!sec) die("required metadata key '%s' is missing", key);
         if (sec->type == GGUF_TYPE_ARRAY && sec->n != 4) die("%s has %llu entries, expected 4", key, (unsigned long long)sec->n);
@@ -1335,7 +1338,8 @@ static float softplus_c(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); 
 // Causal depthwise conv over the last 4 inputs of each channel, then SiLU. cs (3, conv_dim) holds the
 // previous 3 inputs, oldest first, and is shifted by one.
 //   y[c] = silu(cs[0][c] w[c][0] + cs[1][c] w[c][1] + cs[2][c] w[c][2] + mixed[c] w[c][3])
-static void gdn_conv_c(float *y, const float *mixed, const float *w /* (conv_dim, 4) */, float *cs, int conv_dim) {
+static void gdn_conv_c(float *y /* (conv_dim) */, const float *mixed /* (conv_dim) */, const float *w /* (conv_dim, 4) */,
+                       float *cs /* (3, conv_dim) */, int conv_dim) {
     for (int c = 0; c < conv_dim; c++) {
         float win[4] = {cs[c], cs[conv_dim + c], cs[2 * conv_dim + c], mixed[c]};
         double sum = 0.0;
@@ -1357,8 +1361,8 @@ static void l2norm_c(float *v, int n, float eps) {
 
 // One step of the gated delta rule for one value head (S x S state M, row j = value index):
 //   M = M * exp(g);  delta = beta * (v - M k);  M = M + delta k^T;  o = M q / sqrt(S)
-static void gdn_step_c(float *M /* (S, S) */, const float *q, const float *k, const float *v, float g, float beta,
-                       float *o, int S) {
+static void gdn_step_c(float *M /* (S, S) */, const float *q /* (S) */, const float *k /* (S) */, const float *v /* (S) */,
+                       float g, float beta, float *o /* (S) */, int S) {
     float decay = expf(g);
     for (int j = 0; j < S; j++) {
         float *m = M + (size_t)j * S;
@@ -1420,7 +1424,8 @@ static void attention_block_cpu(const Model *m, CpuState *s, int l, int pos) {
     matvec_c(&L->wo, s->att_out, s->x, NULL, 1, s->row);
 }
 
-// Gated DeltaNet (qwen35 linear attention): x = x + W_out gdn(norm(x)), see qwen-spec.md §1.4
+// Gated DeltaNet (qwen35 linear attention): x = x + W_out gdn(norm(x)); the math is in
+// gdn_conv_c and gdn_step_c above
 static void deltanet_block_cpu(const Model *m, CpuState *s, int l) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
@@ -1741,6 +1746,8 @@ __device__ void quantize_block_warp(float v, XQ xq, int b, int nb) {
 }
 
 // Quantize a whole fp32 vector (n a multiple of 32): one warp per block. C twin: quantize_block_c.
+// (The tests' entry to quantize_block_warp: the engine quantizes inside the kernels that produce
+// the vectors.)
 __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
     int b = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, nb = n / 32;
     if (b < nb) quantize_block_warp(x[32 * b + threadIdx.x % WARP], xq, b, nb);
@@ -1768,18 +1775,18 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 // below, which it serves). The streaming mat-vec cuts a matrix into units of MV_ROWS rows x 32
 // sub-blocks (unit c = group c / cpr, chunk c % cpr, cpr = n_sub / 32) and gives every warp of the
 // grid a run of upw consecutive units; at step k of the launch, warp w reads the k-th unit of its run.
-// Row by row those units lie upw units apart, one place per warp (2100-2600 on an H200) spread over
+// Row by row those units lie upw units apart, one place per warp (2112-2640 on an H200) spread over
 // the whole matrix at once; DRAM streams them faster when they lie side by side. So the matrices
 // that a streaming launch reads (gate and up, the DeltaNet in-projections, the output matrix, as the
 // launches are planned at load) are stored with the units in the order (step k, warp w), each unit's
 // MV_ROWS rows of 32 sub-blocks together: g = (slot * MV_ROWS + r) * 32 + l for row r of the unit,
 // sub-block l of its chunk.
 // Everything else about the planes is unchanged, per sub-block (g) and per super-block (g / 8).
-// Measured: Q4_0 files 1.4-2.1 % faster a token (27B gate/up 31.7 -> 30.2 us); launches with an
-// IQ4_XS matrix stay row by row (step_order_group; test/PERF_NOTES.md run 16).
+// Measured: Q4_0 files 1.4-2.0 % faster a token (27B gate/up 31.7 -> 30.2 us); launches with an
+// IQ4_XS matrix stay row by row (step_order_group; test/PERF_NOTES.md runs 16 and 21).
 // Only matrices whose rows are whole chunks and whose row count is a multiple of MV_ROWS are stored so.
 #ifndef MV_ROWS
-#define MV_ROWS 4 // rows per unit of the streaming mat-vec: each activation load serves this many (measured best of 1, 2, 4)
+#define MV_ROWS 4 // rows per unit of the streaming mat-vec: each activation load serves this many (measured best of 1, 2, 4; 8 slower, PERF_NOTES run 12)
 #endif
 // The slot of unit c of a tensor in step order. Its units are [F, G) of the launch's stream (F =
 // so.first, G = F + so.units); warps w0 = F / upw .. w1 = (G - 1) / upw read them, nw in all. Every
@@ -2195,8 +2202,9 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 //
 // The block shape (mv_threads): one block per SM of 640 threads (20 warps, 96 registers each) for
 // the launches of one type, IQ4_XS, or Q4_0 or Q6_K in step order (gate/up, the output matrix, the
-// Q4_0 files' other streamed launches); one of 512 (16 warps, 128 registers) for launches that mix
-// IQ4_XS with another type, whose kernel spills registers at 640; two blocks of 256 for the rest.
+// Q4_0 files' other streamed launches); one of 512 (16 warps, 128 registers) for row-by-row
+// launches that mix IQ4_XS with another type, whose kernel spills registers at 640; two blocks of
+// 256 for the rest (mixed launches in step order among them).
 // One block, because an SM's warp schedulers favour the older of two resident blocks: on a per-warp
 // timeline of a 27B token (H200), the blocks placed second on each SM ended their equal runs ~4 us
 // (gate/up) to ~25 us (the output matrix) after the first ones, so every launch ended with one
@@ -2660,8 +2668,8 @@ static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float
 
 // Per head: optional RMSNorm (qwen3/qwen35's q/k norm), NEOX RoPE on the first n_rot dims, then k
 // and v appended to the fp16 cache at *pos: the prompt's path (decode folds the same steps into
-// attention_split_kernel). Grid: n_head + n_kv blocks, q heads first; a prefill
-// adds a grid row per batch row t (position *pos + t, every pointer advanced by t rows). Query head h
+// attention_split_kernel). Grid (n_head + n_kv, T): q heads first, a row per batch row t
+// (position *pos + t, every pointer advanced by t rows; the tests run it with T = 1). Query head h
 // is read from q_src + h*q_stride (qwen35 interleaves q with its gate) and written to q (may be the
 // same memory). C twin: rmsnorm_c per head, rope_neox_c, and the copy into the cache in
 // attention_block_cpu.
@@ -2678,7 +2686,7 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
                                          int n_head, int n_kv, int hd, int n_rot,
                                          float base, float freq_scale, float eps) {
     extern __shared__ float buf[]; // (hd)
-    int h = blockIdx.x, t = blockIdx.y, pos = *pos_p + t; // prefill: row t of the batch (decode: 0)
+    int h = blockIdx.x, t = blockIdx.y, pos = *pos_p + t; // row t of the batch
     q += (size_t)t * n_head * hd;
     q_src += (size_t)t * n_head * q_stride;
     k += (size_t)t * n_kv * hd;
@@ -2778,7 +2786,8 @@ typedef struct {
 // This token's RoPE angles, computed once per token for all attention layers (they share the
 // position and the frequencies): cs[i] = rope_angle(pos, i), i < n_rot / 2. One block of at least
 // n_rot / 2 threads.
-__global__ void rope_angles_kernel(float2 *cs, const int *pos_p, int n_rot, float base, float freq_scale) {
+__global__ void rope_angles_kernel(float2 *cs /* (n_rot/2) cos, sin */, const int *pos_p /* (1) */, int n_rot, float base,
+                                   float freq_scale) {
     KERNEL_TRACE(K_ROPE_ANGLES);
     int i = threadIdx.x;
     if (i < n_rot / 2) cs[i] = rope_angle(*pos_p, i, n_rot, base, freq_scale);
@@ -2812,8 +2821,9 @@ __host__ __device__ __forceinline__ int att_chunk_len(AttCut a, int pos, int c) 
 // 16-byte pieces are i = t * hd/8 + cc, and thread x holds i = x, x + ATT_THREADS, ... (chunk * hd <=
 // 8192, so at most ATT_STAGE of each). Evict-first (__ldcs), like the weights: the cache is read
 // once per token.
-__device__ __forceinline__ void att_rows_load(uint4 *kr, uint4 *vr, const __half *kc, const __half *vc, int t0, int nl,
-                                              int n_kv, int j, int hd) {
+__device__ __forceinline__ void att_rows_load(uint4 *kr /* (ATT_STAGE) registers */, uint4 *vr /* (ATT_STAGE) */,
+                                              const __half *kc /* (n_ctx, n_kv, hd) */, const __half *vc /* same */,
+                                              int t0, int nl, int n_kv, int j, int hd) {
     int v8 = hd / 8;
 #pragma unroll
     for (int k = 0; k < ATT_STAGE; k++) {
@@ -2902,7 +2912,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
     if (cur.q_src) {
         // RMSNorm per head (qwen3 / qwen35), then the rotation of each pair (i, i + n_rot/2) of the
         // first n_rot dims: heads 0..g-1 are q in qs, head g (own block only) is k in kn
-        __shared__ float inv_rms[33];
+        __shared__ float inv_rms[33]; // (g + 1): the q heads' 1/rms, then the own block's k head
         int nh = g + own;
         __syncthreads();
         if (cur.q_norm || cur.k_norm) {
@@ -3189,8 +3199,10 @@ __global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: p
 // reduction over the L lanes sums M'_j . k, M'_j . q and k . q together (M' = M exp(g); oq_j =
 // M'_j . q + delta_j k . q). Used by gdn_step_kernel and gdn_token_kernel.
 template <int R, int C, int L>
-__device__ __forceinline__ void gdn_rule(float (&m)[R][C], const float *qq, const float *kk, const float *vv,
-                                         float decay, float beta, float *oq) {
+__device__ __forceinline__ void gdn_rule(float (&m)[R][C] /* this lane's R rows x C columns of M */,
+                                         const float *qq /* (C) this lane's columns of q */, const float *kk /* (C) */,
+                                         const float *vv /* (R) this lane's rows of v */, float decay, float beta,
+                                         float *oq /* (R) */) {
     float red[2 * R + 1]; // M'_j . k (r), M'_j . q (R + r), k . q (2R): this lane's part
     red[2 * R] = 0.0f;
 #pragma unroll
@@ -3352,7 +3364,8 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
                  int Hk, int Hv, float eps) {
     KERNEL_TRACE(K_GDN_TOKEN);
     constexpr int S = 32 * NT, R = NT, C = NT; // R rows per warp, C columns per lane
-    __shared__ float qs[S], ks[S], vs[S], os[S], part[2][32];
+    __shared__ float qs[S], ks[S], vs[S], os[S]; // (S) this head's q, k, v and output
+    __shared__ float part[2][32]; // part[0][0..1]: |q|^2, |k|^2; part[1][w]: warp w's sum of o^2
     __shared__ float gate[2];
     __shared__ int last;
     int hv = blockIdx.x, hk = hv % Hk, t = threadIdx.x, lane = t % WARP, wid = t / WARP, j0 = wid * R;
@@ -3475,7 +3488,7 @@ static void gdn_token(float *state, float *cs, const float *mixed, const float *
 }
 
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy): the FFN's
-// activation after its gate and up mat-vecs. C twin: the loop in forward_cpu.
+// activation after its gate and up mat-vecs. C twin: the silu_c(hb) * hb2 loop in ffn_block_cpu.
 __global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u /* (n) */, int n) {
     KERNEL_TRACE(K_SILU_MUL);
     int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -3628,6 +3641,8 @@ static AttKernel att_kernel(int hd) {
 // (those past *pos return at once) and the slots of part_o / part_ml. cur: this token's raw q, k, v
 // (RoPE and the KV store done here), or NULL: q roped already, the cache holding *pos.
 // kv_done: (n_kv) zeroed counters. Needs head_dim * g a multiple of 32 (checked in attention_setup).
+// Shapes: q (n_head, hd) or NULL; kc, vc (n_ctx, n_kv, hd); part_o (n_head, n_split, hd); part_ml
+// (n_head, n_split, 2) running max and sum; out (n_head * hd); gate (n_head, gate_stride) or NULL.
 static void attention(const float *q, __half *kc, __half *vc, const AttNew *cur, float *part_o, float *part_ml,
                       int *kv_done, Act *out, const float *gate, int gate_stride, const int *pos, int n_head, int n_kv,
                       int hd, int n_split, cudaStream_t st) {
@@ -4065,7 +4080,8 @@ static int is_float_weight(int type) { return type == GGML_TYPE_F32 || type == G
 // pairwise decode of w_decode; the integer times the scale is exact in fp32, so each weight is
 // rounded once more, to fp16, as on the GPU):
 //   IQ4_XS: fp16(fp16(d * (ls - 32)) * kvalue)   Q6_K: fp16(fp16(d * sc) * (q - 32))
-static void mm_weight_row(int type, const uint8_t *src, float *w, int n_in) {
+static void mm_weight_row(int type, const uint8_t *src /* one row, row_bytes(type, n_in) */, float *w /* (n_in) */,
+                          int n_in) {
     if (type == GGML_TYPE_IQ4_XS || type == GGML_TYPE_Q6_K) {
         for (int i = 0; i < n_in / 256; i++) {
             if (type == GGML_TYPE_IQ4_XS) dequant_iq4_xs((const block_iq4_xs *)src + i, w + 256 * i, 1);
@@ -4416,7 +4432,8 @@ __global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */, co
 }
 
 // ------------------------------------------------------------------------------------------------
-// 7. GPU forward: device memory, weight upload, the per-token layer loop
+// 7. GPU forward: VRAM budget, device memory, weight upload (in step order), the per-token layer
+// loop, the batched prompt pass
 // ------------------------------------------------------------------------------------------------
 // All device memory is allocated once, before the first token: the weights in one allocation walked
 // by a pointer, the run state in another. Nothing is allocated in the token loop. The per-token work
@@ -4431,7 +4448,6 @@ typedef struct {
     void *weights;         // one allocation holding every uploaded weight
     size_t weight_bytes;
     void *arena;           // one allocation holding everything below
-    size_t arena_bytes;
     float *x;              // (n_embd) residual stream
     Act xb;                // (n_embd) normalized input of the next mat-vec
     float *q;              // (n_head*head_dim)
@@ -4732,8 +4748,9 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
 // not by where its reads fall, and the step order's slot arithmetic costs it more than the order
 // saves (27B IQ4_XS file, everything streamed in step order: 6.276 -> 6.305 ms; Q4_0 file 5.684 ->
 // 5.578; test/PERF_NOTES.md run 16). Measured again with the table words in registers (run 21):
-// every IQ4_XS launch in step order 6.002 ms against 6.000 row by row; gate/up alone within a
-// start's spread, slower on Qwen3-32B. Row by row kept.
+// every launch in step order 6.002 / 6.000 ms against 5.999 / 6.002 row by row (27B IQ4_XS, one
+// start); the all-IQ4_XS launches alone -1.3 / -1.1 / +0.4 % on the 27B / Qwen2.5-32B / Qwen3-32B
+// IQ4_XS files (one start, sm_90): within a start's spread. Row by row kept.
 static void step_order_set(int n, Tensor *const *W) {
     MvPlan p;
     memset(&p, 0, sizeof p);
@@ -4780,7 +4797,8 @@ static void step_order_plan(Model *m) {
 
 // Copy every weight the GPU needs into one device allocation, through a pinned staging buffer
 // (two halves, so reading the file overlaps the copy to the card). The four fast types are copied
-// into a device staging buffer first and rewritten there into their plane layout (repack_kernel).
+// into a device staging buffer first, from which repack_kernel writes their plane layout into
+// the weights allocation.
 // Host memory stays bounded by the staging buffer: the mapped file is never copied whole.
 static void upload_weights(Model *m, GpuState *s) {
     static Tensor *list[16 + MAX_LAYERS * 24];
@@ -4973,7 +4991,6 @@ static void gpu_state_init(GpuState *s, Model *m, int n_ctx) {
     size_t total = gpu_state_carve(s, c, n_ctx, NULL);
     CUDA_CHECK(cudaMalloc(&s->arena, total));
     CUDA_CHECK(cudaMemset(s->arena, 0, total));
-    s->arena_bytes = total;
     gpu_state_carve(s, c, n_ctx, (uint8_t *)s->arena);
     CUDA_CHECK(cudaMallocHost((void **)&s->h_x, c->n_embd * 4u));
     CUDA_CHECK(cudaMallocHost((void **)&s->h_pos, 4));
@@ -5052,7 +5069,8 @@ static float *gdn_ssm_state(const Config *c, const GpuState *s, int l) {
     return s->ssm_state + (size_t)c->gdn_slot[l] * c->ssm_v_heads * c->ssm_state * c->ssm_state;
 }
 
-// One token's conv (+ q/k norms and gates) and gated norm of DeltaNet layer l, on s's buffers.
+// One token's conv (+ q/k norms and gates) of DeltaNet layer l, on s's buffers; gdn_norm_gpu below,
+// its gated norm: the decode's path for state sizes gdn_token_kernel does not take (gdn_token_ok).
 static void gdn_conv_gpu(const Model *m, GpuState *s, int l, cudaStream_t st) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
@@ -6184,7 +6202,7 @@ static void print_info(Model *m, int n_ctx) {
 static size_t kld_record_words(int n_vocab) { return 2 * (((size_t)n_vocab + 1) / 2) + 4; }
 
 // one position's logits -> a base-file record
-static void kld_encode(const float *logits, int n_vocab, uint16_t *rec) {
+static void kld_encode(const float *logits /* (n_vocab) */, int n_vocab, uint16_t *rec /* (kld_record_words) */) {
     float mx = logits[0], mn = logits[0];
     for (int i = 1; i < n_vocab; i++) { mx = fmaxf(mx, logits[i]); mn = fminf(mn, logits[i]); }
     mn = fmaxf(mn, mx - 16.0f);
@@ -6208,7 +6226,7 @@ static void log_softmax(const float *logits, int n_vocab, double *lp) {
     double lse = mx + log(sum);
     for (int i = 0; i < n_vocab; i++) lp[i] = logits[i] - lse;
 }
-static void kld_decode(const uint16_t *rec, int n_vocab, double *lp) {
+static void kld_decode(const uint16_t *rec /* (kld_record_words) */, int n_vocab, double *lp /* (n_vocab) */) {
     float scale, min_log_prob;
     memcpy(&scale, rec, 4);
     memcpy(&min_log_prob, rec + 2, 4);
@@ -6495,8 +6513,8 @@ static void usage(void) {
             "  -p TEXT           prompt text\n"
             "  -f FILE           prompt text read from FILE, byte for byte\n"
             "  --tokens 1,2,3    prompt as raw token ids\n"
-            "  --chat, -cnv      chat: the prompt (or each line of stdin) becomes a user turn of Qwen's ChatML;\n"
-            "                    the KV cache is kept across turns\n"
+            "  --chat, -cnv      chat: the prompt (if any), then each line of stdin, becomes a user turn of Qwen's\n"
+            "                    ChatML; the KV cache is kept across turns\n"
             "  --system TEXT     the system turn of the chat\n"
             "  --no-think        Qwen3/3.5 chat without the thinking phase (an empty <think></think> block)\n"
             "  --special         print control tokens such as <|im_end|>\n"
@@ -6508,10 +6526,11 @@ static void usage(void) {
             "  --tokenize        print the prompt's token ids (comma-separated) and exit; needs no GPU\n"
             "  --detokenize IDS  print the text of ids such as 9707,1879 and exit\n"
             "  -n N              tokens to generate (default 256)\n"
-            "  -c N              context length: the KV cache is allocated for N tokens (default 4096)\n"
+            "  -c N              context length: the KV cache is allocated for N tokens (default 4096, at most\n"
+            "                    the model's training context)\n"
             "  -b N              prompt tokens per batched pass on the GPU (default 512; 1: one at a time)\n"
-            "  --temp T          temperature, 0 = greedy (default 0.8)\n"
-            "  --top-k K         keep the K most likely tokens, 0 = off (default 40)\n"
+            "  --temp T          temperature, 0 or below = greedy (default 0.8)\n"
+            "  --top-k K         keep the K most likely tokens, 0 or below = off (default 40)\n"
             "  --top-p P         nucleus sampling, 1 = off (default 0.95)\n"
             "  --min-p P         drop tokens below P x the top probability, 0 = off (default 0.05)\n"
             "  --seed S          random seed (default: time)\n"
@@ -6522,7 +6541,8 @@ static void usage(void) {
             "                    tables, mat-vec size sweeps and prefill (pp512)\n"
             "  --info            print the file's metadata, tensors and the VRAM budget for -c, then exit\n"
             "  --vram-limit SIZE behave as if the GPU had SIZE of memory (e.g. 15.5G: a 16 GB V100)\n"
-            "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on the GPU)\n");
+            "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on the GPU)\n"
+            "  -h, --help        this text\n");
 }
 
 int main(int argc, char **argv) {

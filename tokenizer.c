@@ -1,5 +1,5 @@
 // tokenizer.c — text <-> token ids for Qwen's byte-level BPE, read from the GGUF. #included by
-// qwen.cu after its GGUF reader. Matches Hugging Face `tokenizers` (the model authors' tokenizer):
+// qwen.cu in its section 8 (it needs only the GGUF reader of section 2). Matches Hugging Face `tokenizers` (the model authors' tokenizer):
 //
 //   text --(split out special/added tokens, longest first)--> fragments
 //        --(UTF-8 -> code points; invalid bytes -> U+FFFD)-->
@@ -726,7 +726,7 @@ static int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, in
 // Decoding: ids -> bytes, streamed without ever cutting a UTF-8 sequence
 // ------------------------------------------------------------------------------------------------
 
-// The bytes of one token: control and unused tokens only with special = 1.
+// The bytes of one token: control, unknown and unused tokens only with special = 1.
 static const char *tokenizer_piece(const Tokenizer *t, int id, int special, int *len) {
     *len = 0;
     if (id < 0 || id >= t->n_vocab) return "";

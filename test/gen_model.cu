@@ -6,7 +6,7 @@
 //   test/gen_model --model qwen2.5-32b --ftype q4_0 --layers 4 -o small.gguf     (fewer layers)
 //   ... --vocab test/data/tokenizer/vocab-qwen2.gguf     (copy a real tokenizer; padded to n_vocab)
 //
-// Type mixes follow llama-quantize without an imatrix (qwen-spec.md §3.1):
+// Type mixes follow llama-quantize without an imatrix (its choice of type per tensor):
 //   q4_0:   every 2-D weight Q4_0, output.weight Q6_K
 //   iq4_xs: every 2-D weight IQ4_XS, output.weight Q6_K, attn_v Q5_K when n_head/n_head_kv >= 4,
 //           DeltaNet attn_qkv Q5_K, ffn_down Q5_K in layers < n_layer/8

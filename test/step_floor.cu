@@ -37,7 +37,7 @@ typedef struct {
 } Step;
 
 // --- the step list of a decode token ---------------------------------------------------------------
-// Bytes per weight: IQ4_XS 4.25 bits, Q4_0 4.5, Q5_K 5.5, Q6_K 6.5625 (qwen-spec.md §3).
+// Bytes per weight: IQ4_XS 4.25 bits, Q4_0 4.5, Q5_K 5.5, Q6_K 6.5625 (qwen.cu section 3).
 #define B_IQ4 (4.25 / 8)
 #define B_Q40 (4.5 / 8)
 #define B_Q5K (5.5 / 8)

@@ -681,7 +681,7 @@ static void test_dequantizers(void) {
 }
 
 // Every dequantizer on random blocks against a decoder written here, element by element, straight
-// from the block layouts (qwen-spec.md section 3): element e's quant bits, its sub-block's scale and
+// from the block layouts (qwen.cu section 3): element e's quant bits, its sub-block's scale and
 // min, found by index arithmetic rather than by the loops of the engine's dequantizers.
 static int bits_at(const uint8_t *p, int bit, int n) { // n <= 8 bits starting at bit `bit` of byte array p
     int v = 0;
