@@ -18,7 +18,8 @@
 //                             the four types that carry the bytes: a streaming kernel for big
 //                             launches, a per-block one for small), norms, RoPE, attention, DeltaNet
 //   6b. prefill kernels ..... a prompt batch through a layer at once: WMMA products decoding the
-//                             weights on the fly, batched causal attention, DeltaNet over the batch
+//                             weights on the fly, RoPE and the KV store, batched causal attention,
+//                             DeltaNet over the batch; the perplexity's loss per row
 //   7. GPU forward .......... VRAM budget, device memory, weight upload, the per-token layer loop
 //                             replayed as a CUDA graph, and the batched prompt pass
 //   8. tokenizer & sampler .. tokenizer.c (byte-level BPE); greedy, temperature, top-k, top-p, min-p
@@ -1992,7 +1993,7 @@ typedef struct {
 // on the H200 against ld.global.cg (L2 only, normal priority), the weights alone: 27B IQ4_XS 6.57 ->
 // 6.50 ms per token, Qwen3-32B Q4_0 7.27 -> 6.82 (with the DeltaNet state and the K/V rows also
 // evict-first: 6.45 and 6.75; 64 attention layers, whose kernel had stalled on instruction
-// misses). Not the read-only path (__ldg, ld.global.nc): there ptxas may drop a loaded register and
+// misses; test/PERF_NOTES.md run 12). Not the read-only path (__ldg, ld.global.nc): there ptxas may drop a loaded register and
 // load it again next to its use, which would undo the loads in flight that the kernels below arrange.
 __device__ __forceinline__ int4 ldw(const int4 *p) {
     int4 v;
@@ -2664,64 +2665,6 @@ static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float
     int blocks = (n / 32 + NORM_THREADS / WARP - 1) / (NORM_THREADS / WARP);
     rmsnorm_quant_kernel<<<blocks > 0 ? blocks : 1, NORM_THREADS, 0, st>>>(*out, x, w, n, eps);
     KERNEL_CHECK();
-}
-
-// Per head: optional RMSNorm (qwen3/qwen35's q/k norm), NEOX RoPE on the first n_rot dims, then k
-// and v appended to the fp16 cache at *pos: the prompt's path (decode folds the same steps into
-// attention_split_kernel). Grid (n_head + n_kv, T): q heads first, a row per batch row t
-// (position *pos + t, every pointer advanced by t rows; the tests run it with T = 1). Query head h
-// is read from q_src + h*q_stride (qwen35 interleaves q with its gate) and written to q (may be the
-// same memory). C twin: rmsnorm_c per head, rope_neox_c, and the copy into the cache in
-// attention_block_cpu.
-__global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) out
-                                         const float *q_src,  // (n_head, q_stride) in
-                                         int q_stride,
-                                         const float *k,      // (n_kv, hd)
-                                         const float *v,      // (n_kv, hd)
-                                         const float *q_norm, // (hd) or NULL
-                                         const float *k_norm, // (hd) or NULL
-                                         __half *kc,          // (n_ctx, n_kv, hd) this layer's caches
-                                         __half *vc,          // (n_ctx, n_kv, hd)
-                                         const int *pos_p,    // (1) this token's position, on the GPU
-                                         int n_head, int n_kv, int hd, int n_rot,
-                                         float base, float freq_scale, float eps) {
-    extern __shared__ float buf[]; // (hd)
-    int h = blockIdx.x, t = blockIdx.y, pos = *pos_p + t; // row t of the batch
-    q += (size_t)t * n_head * hd;
-    q_src += (size_t)t * n_head * q_stride;
-    k += (size_t)t * n_kv * hd;
-    v += (size_t)t * n_kv * hd;
-    int is_q = h < n_head;
-    const float *src = is_q ? q_src + (size_t)h * q_stride : k + (size_t)(h - n_head) * hd;
-    const float *nw = is_q ? q_norm : k_norm;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        buf[i] = src[i];
-        ss += buf[i] * buf[i];
-    }
-    if (nw) { // block_sum synchronizes; without a norm, the barrier below does
-        float scale = rsqrtf(block_sum(ss) / hd + eps);
-        for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = buf[i] * scale * nw[i];
-    }
-    __syncthreads();
-    int half_rot = n_rot / 2;
-    size_t row = ((size_t)pos * n_kv + (is_q ? 0 : h - n_head)) * hd; // cache row of this kv head
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float y;
-        if (i < n_rot) {
-            float2 a = rope_angle(pos, i < half_rot ? i : i - half_rot, n_rot, base, freq_scale);
-            float cs = a.x, sn = a.y;
-            y = i < half_rot ? buf[i] * cs - buf[i + half_rot] * sn : buf[i - half_rot] * sn + buf[i] * cs;
-        } else {
-            y = buf[i];
-        }
-        if (is_q) {
-            q[(size_t)h * hd + i] = y;
-        } else {
-            kc[row + i] = __float2half(y);
-            vc[row + i] = __float2half(v[(size_t)(h - n_head) * hd + i]);
-        }
-    }
 }
 
 // Attention for the token at *pos, split along the keys ("flash decoding") so that long contexts
@@ -4218,6 +4161,65 @@ __global__ void __launch_bounds__(ROW_THREADS) silu_mul_rows_kernel(ActH out, co
     if (threadIdx.x == 0) out.s[blockIdx.x] = s;
 }
 
+// --- RoPE and the KV store over the batch --------------------------------------------------------
+// Per head: optional RMSNorm (qwen3/qwen35's q/k norm), NEOX RoPE on the first n_rot dims, then k
+// and v appended to the fp16 cache at *pos: the prompt's path (decode folds the same steps into
+// attention_split_kernel). Grid (n_head + n_kv, T): q heads first, a row per batch row t
+// (position *pos + t, every pointer advanced by t rows; the tests run it with T = 1). Query head h
+// is read from q_src + h*q_stride (qwen35 interleaves q with its gate) and written to q (may be the
+// same memory). C twin: rmsnorm_c per head, rope_neox_c, and the copy into the cache in
+// attention_block_cpu.
+__global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) out
+                                         const float *q_src,  // (n_head, q_stride) in
+                                         int q_stride,
+                                         const float *k,      // (n_kv, hd)
+                                         const float *v,      // (n_kv, hd)
+                                         const float *q_norm, // (hd) or NULL
+                                         const float *k_norm, // (hd) or NULL
+                                         __half *kc,          // (n_ctx, n_kv, hd) this layer's caches
+                                         __half *vc,          // (n_ctx, n_kv, hd)
+                                         const int *pos_p,    // (1) this token's position, on the GPU
+                                         int n_head, int n_kv, int hd, int n_rot,
+                                         float base, float freq_scale, float eps) {
+    extern __shared__ float buf[]; // (hd)
+    int h = blockIdx.x, t = blockIdx.y, pos = *pos_p + t; // row t of the batch
+    q += (size_t)t * n_head * hd;
+    q_src += (size_t)t * n_head * q_stride;
+    k += (size_t)t * n_kv * hd;
+    v += (size_t)t * n_kv * hd;
+    int is_q = h < n_head;
+    const float *src = is_q ? q_src + (size_t)h * q_stride : k + (size_t)(h - n_head) * hd;
+    const float *nw = is_q ? q_norm : k_norm;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        buf[i] = src[i];
+        ss += buf[i] * buf[i];
+    }
+    if (nw) { // block_sum synchronizes; without a norm, the barrier below does
+        float scale = rsqrtf(block_sum(ss) / hd + eps);
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = buf[i] * scale * nw[i];
+    }
+    __syncthreads();
+    int half_rot = n_rot / 2;
+    size_t row = ((size_t)pos * n_kv + (is_q ? 0 : h - n_head)) * hd; // cache row of this kv head
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float y;
+        if (i < n_rot) {
+            float2 a = rope_angle(pos, i < half_rot ? i : i - half_rot, n_rot, base, freq_scale);
+            float cs = a.x, sn = a.y;
+            y = i < half_rot ? buf[i] * cs - buf[i + half_rot] * sn : buf[i - half_rot] * sn + buf[i] * cs;
+        } else {
+            y = buf[i];
+        }
+        if (is_q) {
+            q[(size_t)h * hd + i] = y;
+        } else {
+            kc[row + i] = __float2half(y);
+            vc[row + i] = __float2half(v[(size_t)(h - n_head) * hd + i]);
+        }
+    }
+}
+
 // --- causal attention over the batch ---------------------------------------------------------------
 // Query t of the batch (position pos0 + t) attends to cache positions 0 .. pos0 + t; the batch's own
 // keys and values are already in the cache (rope_and_kv_store_kernel over all rows). Block: a tile
@@ -4429,6 +4431,20 @@ __global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */, co
         if (out.f) out.f[(size_t)blockIdx.x * out.ld + i] = o[r + i];
     }
     if (threadIdx.x == 0) out.s[blockIdx.x] = s;
+}
+
+// --- the perplexity's loss per row ---------------------------------------------------------------
+// nll[r] = -log softmax(logits[r])[target[r]] = log sum_i exp(l_i - max) + max - l_target, one block
+// per row: perplexity needs only these, not the rows themselves. C twin: log_softmax in ppl_score.
+__global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *target /* (nr) */, float *nll /* (nr) */, int V) {
+    const float *l = logits + (size_t)blockIdx.x * V;
+    float mx = -INFINITY;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
+    mx = block_max(mx);
+    float sum = 0.0f;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) sum += __expf(l[i] - mx);
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) nll[blockIdx.x] = logf(sum) + mx - l[target[blockIdx.x]];
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -5357,19 +5373,6 @@ static void batch_logits_gpu(const Model *m, GpuState *s, int r0, int nr) {
     batch_output_gpu(m, s, r0, nr);
     CUDA_CHECK(cudaMemcpyAsync(s->h_blogits, s->blogits, (size_t)nr * m->c.n_vocab * 4, cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
-}
-
-// nll[r] = -log softmax(logits[r])[target[r]] = log sum_i exp(l_i - max) + max - l_target, one block
-// per row: perplexity needs only these, not the rows themselves. C twin: log_softmax in ppl_score.
-__global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *target /* (nr) */, float *nll /* (nr) */, int V) {
-    const float *l = logits + (size_t)blockIdx.x * V;
-    float mx = -INFINITY;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
-    mx = block_max(mx);
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) sum += __expf(l[i] - mx);
-    sum = block_sum(sum);
-    if (threadIdx.x == 0) nll[blockIdx.x] = logf(sum) + mx - l[target[blockIdx.x]];
 }
 
 // Negative log-likelihoods of batch rows [r0, r0 + nr) for the given next tokens into nll (host).
