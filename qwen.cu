@@ -454,6 +454,11 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
         if (t->offset > size || data_offset > size - t->offset || t->nbytes > size - data_offset - t->offset)
             gguf_fail(g, "tensor '%s': %zu bytes at offset %llu run past the end of the file (%zu bytes): "
                       "truncated download?", t->name, t->nbytes, (unsigned long long)(data_offset + t->offset), size);
+        // the file is mapped at a page boundary and its blocks are read in place (fp16 scales, fp32
+        // norms): a tensor must start on 4 bytes, as it does with any alignment of 4 or more
+        if ((data_offset + t->offset) % 4 != 0)
+            gguf_fail(g, "tensor '%s': its data at file offset %llu is not 4-byte aligned (general.alignment = %u)",
+                      t->name, (unsigned long long)(data_offset + t->offset), g->alignment);
         t->data = base + data_offset + t->offset;
         expect += padded;
     }
@@ -570,9 +575,10 @@ static const char *gguf_str(const GGUF *g, const char *key, char *buf, size_t ca
 }
 
 // Read an integer-valued key that may be stored as a u32/i32 scalar or as an array of them (one
-// value per layer, e.g. feed_forward_length). Fills out[0..n); a scalar is repeated. Returns 0 when
-// the key is absent.
-static int gguf_int_or_arr(const GGUF *g, const char *key, int32_t *out, int n) {
+// value per layer, e.g. feed_forward_length). Fills out[0..n); a scalar is repeated. An array holds n
+// entries, or n_all when it also covers blocks that are not run (qwen35's multi-token-prediction
+// blocks after the trunk; the first n are used). Returns 0 when the key is absent.
+static int gguf_int_or_arr(const GGUF *g, const char *key, int32_t *out, int n, int n_all) {
     const GGUFKV *kv = gguf_find(g, key);
     if (!kv) return 0;
     if (kv->type == GGUF_TYPE_U32 || kv->type == GGUF_TYPE_I32) {
@@ -582,9 +588,9 @@ static int gguf_int_or_arr(const GGUF *g, const char *key, int32_t *out, int n) 
         return 1;
     }
     if (kv->type == GGUF_TYPE_ARRAY && (kv->arr_type == GGUF_TYPE_U32 || kv->arr_type == GGUF_TYPE_I32)) {
-        if (kv->n != (uint64_t)n)
-            die("metadata key '%s' has %llu entries, expected %d", key, (unsigned long long)kv->n, n);
-        memcpy(out, kv->data, (size_t)n * 4);
+        if (kv->n != (uint64_t)n && kv->n != (uint64_t)n_all)
+            die("metadata key '%s' has %llu entries, expected %d (or %d)", key, (unsigned long long)kv->n, n, n_all);
+        memcpy(out, kv->data, (size_t)n * 4); // the first n: the layers that run
         return 1;
     }
     die("metadata key '%s' has the wrong type: expected u32/i32 or an array of them, found %s%s%s", key,
@@ -959,18 +965,18 @@ static void config_from_gguf(Config *c, const GGUF *g) {
 
     // Per-layer keys may be arrays; this engine needs them uniform across layers.
     int32_t per_layer[MAX_LAYERS];
-    if (!gguf_int_or_arr(g, KEY("feed_forward_length"), per_layer, n_layer))
+    if (!gguf_int_or_arr(g, KEY("feed_forward_length"), per_layer, n_layer, n_layer_all))
         die("required metadata key '%s' is missing", key);
     c->n_ff = per_layer[0];
     for (int i = 1; i < n_layer; i++)
         if (per_layer[i] != c->n_ff) die("%s varies across layers: not supported", key);
-    if (!gguf_int_or_arr(g, KEY("attention.head_count"), per_layer, n_layer))
+    if (!gguf_int_or_arr(g, KEY("attention.head_count"), per_layer, n_layer, n_layer_all))
         die("required metadata key '%s' is missing", key);
     c->n_head = per_layer[0];
     for (int i = 1; i < n_layer; i++)
         if (per_layer[i] != c->n_head) die("%s varies across layers: not supported", key);
     c->n_head_kv = c->n_head;
-    if (gguf_int_or_arr(g, KEY("attention.head_count_kv"), per_layer, n_layer)) {
+    if (gguf_int_or_arr(g, KEY("attention.head_count_kv"), per_layer, n_layer, n_layer_all)) {
         c->n_head_kv = per_layer[0];
         for (int i = 1; i < n_layer; i++)
             if (per_layer[i] != c->n_head_kv) die("%s varies across layers: not supported", key);
@@ -980,12 +986,20 @@ static void config_from_gguf(Config *c, const GGUF *g) {
             c->n_ff, c->n_head, c->n_head_kv, c->n_ctx_train);
     if (c->n_head % c->n_head_kv != 0)
         die("attention.head_count %d is not a multiple of head_count_kv %d", c->n_head, c->n_head_kv);
+    // Bounds far above any Qwen model (the largest: embedding 8192, ffn 29568, 64 heads of 128) that
+    // keep every size computed from them inside 32-bit ints, whether or not a tensor's shape checks
+    // them later (a qwen35 file without attention layers has no tensor sized by the head count).
+    if (c->n_embd > (1 << 20) || c->n_ff > (1 << 20) || c->n_head > 4096)
+        die("model dimensions out of range (embedding %d, ffn %d, heads %d): at most 2^20, 2^20 and 4096", c->n_embd,
+            c->n_ff, c->n_head);
 
     c->head_dim = (int)gguf_u32(g, KEY("attention.key_length"), 0, (uint32_t)(c->n_embd / c->n_head));
     int head_dim_v = (int)gguf_u32(g, KEY("attention.value_length"), 0, (uint32_t)(c->n_embd / c->n_head));
     if (head_dim_v != c->head_dim) die("key_length %d != value_length %d: not supported", c->head_dim, head_dim_v);
     if (c->head_dim <= 0 || c->head_dim > 512 || c->head_dim % 2)
         die("attention.key_length = %d: must be even and at most 512", c->head_dim);
+    if (c->n_head * c->head_dim > (1 << 20))
+        die("%d heads of %d: more than 2^20 query values", c->n_head, c->head_dim);
     c->n_rot = (int)gguf_u32(g, KEY("rope.dimension_count"), 0, (uint32_t)c->head_dim);
     if (c->arch != ARCH_QWEN35 && c->n_rot != c->head_dim)
         die("%s.rope.dimension_count = %d, but %s rotates the whole head (%d)", arch, c->n_rot, arch, c->head_dim);
@@ -1016,7 +1030,7 @@ static void config_from_gguf(Config *c, const GGUF *g) {
         int interval = (int)gguf_u32(g, KEY("full_attention_interval"), 0, 4);
         if (interval < 1) die("%s = %d: must be at least 1", key, interval);
         int32_t all[MAX_LAYERS];
-        if (gguf_int_or_arr(g, KEY("attention.recurrent_layers"), all, n_layer_all)) {
+        if (gguf_int_or_arr(g, KEY("attention.recurrent_layers"), all, n_layer_all, n_layer_all)) {
             for (int i = 0; i < n_layer; i++) recurrent[i] = all[i] != 0;
         } else {
             for (int i = 0; i < n_layer; i++) recurrent[i] = (i + 1) % interval != 0;
@@ -5431,10 +5445,13 @@ static uint32_t rng_u32(uint64_t *state) { // xorshift64*
 }
 static float rng_f32(uint64_t *state) { return (rng_u32(state) >> 8) / 16777216.0f; } // [0, 1)
 
+// The index of the largest value; -1 if any is NaN (a broken model: see sample).
 static int argmax(const float *v, int n) {
     int best = 0;
-    for (int i = 1; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        if (v[i] != v[i]) return -1;
         if (v[i] > v[best]) best = i;
+    }
     return best;
 }
 
@@ -5466,11 +5483,14 @@ static void keep_top_k(Candidate *c, int n, int k) {
     }
 }
 
+// Returns -1 when the logits are not finite (a NaN, or an infinity that makes the softmax NaN): the
+// model's weights hold such values or its activations overflowed, and no token can be drawn.
 static int sample(Sampler *s, const float *logits) {
     if (s->temp <= 0.0f) return argmax(logits, s->n_vocab);
     Candidate *c = s->cand;
-    int n = s->n_vocab;
-    for (int i = 0; i < n; i++) { c[i].logit = logits[i]; c[i].id = i; }
+    int n = s->n_vocab, nan = 0;
+    for (int i = 0; i < n; i++) { c[i].logit = logits[i]; c[i].id = i; nan |= logits[i] != logits[i]; }
+    if (nan) return -1;
     if (s->top_k > 0 && s->top_k < n) {
         keep_top_k(c, n, s->top_k);
         n = s->top_k;
@@ -5480,11 +5500,12 @@ static int sample(Sampler *s, const float *logits) {
     for (int i = 0; i < n; i++) mx = fmaxf(mx, c[i].logit);
     double sum = 0.0;
     for (int i = 0; i < n; i++) { c[i].p = expf(c[i].logit - mx); sum += c[i].p; }
+    if (!isfinite(mx) || !(sum >= 1.0 && sum < INFINITY)) return -1; // an infinity; sum >= 1: the top token's term
     for (int i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
-    if (s->min_p > 0.0f) { // keep p >= min_p * p_max; p_max = 1/sum
+    if (s->min_p > 0.0f) { // keep p >= min_p * p_max; p_max = 1/sum (the top token always, even for min_p > 1)
         float cut = s->min_p * (float)(1.0 / sum);
         int m = 0;
-        for (int i = 0; i < n; i++) if (c[i].p >= cut) c[m++] = c[i];
+        for (int i = 0; i < n; i++) if (c[i].p >= cut || c[i].logit == mx) c[m++] = c[i];
         n = m;
     }
     if (s->top_p < 1.0f) {
@@ -6801,6 +6822,9 @@ int main(int argc, char **argv) {
         int n_gen = 0;
         while (n_gen < n_predict) {
             int next = sample(&smp, logits);
+            if (next < 0)
+                die("the logits at position %d are not finite (NaN or infinity): the model's weights hold such values, "
+                    "or its activations overflowed", pos - 1);
             n_gen++;
             int eog = have_tok && tokenizer_is_eog(&tok, next);
             if (have_tok) {

@@ -163,7 +163,11 @@ static int nfc_quick_no(uint32_t c) { // NFC_Quick_Check is No or Maybe
     return 0;
 }
 
-// NFC of cps[0..n) into out (room for 3n + 1: a Hangul syllable decomposes into 3); returns the count.
+// The longest full canonical decomposition of one code point (U+1F82 and its kin: 4; a Hangul
+// syllable: 3). The tests check every code point against it.
+#define NFC_MAX_DECOMP 4
+
+// NFC of cps[0..n) into out (room for NFC_MAX_DECOMP * n + 1); returns the count.
 static int nfc(const uint32_t *cps, int n, uint32_t *out) {
     int quick = 1; // quick check: no combining mark and no code point with NFC_QC No/Maybe -> already NFC
     for (int i = 0; i < n && quick; i++)
@@ -660,7 +664,7 @@ static void encode_fragment(const Tokenizer *t, BpeScratch *s, const char *text,
     uint32_t *cps = (uint32_t *)xmalloc(len * 4 + 4);
     int n = utf8_to_cps((const unsigned char *)text, len, cps);
     if (t->nfc) {
-        uint32_t *norm = (uint32_t *)xmalloc((size_t)n * 12 + 4);
+        uint32_t *norm = (uint32_t *)xmalloc(((size_t)n * NFC_MAX_DECOMP + 1) * 4);
         n = nfc(cps, n, norm);
         free(cps);
         cps = norm;
@@ -758,9 +762,10 @@ static void stream_bytes(Stream *st, const char *bytes, int len) {
         }
         st->pend[st->n++] = c;
         int need = utf8_seq_len(st->pend[0]);
-        if (st->n == need) {
-            uint32_t cp;
-            if (utf8_to_cps(st->pend, (size_t)need, &cp) == 1 && cp != 0xfffd) fwrite(st->pend, 1, need, st->f);
+        if (st->n == need) { // whole: valid, or up to `need` U+FFFDs (utf8_seq_len takes lead bytes
+                             // such as F5 or an overlong E0 80 that utf8_to_cps then rejects)
+            uint32_t cp[4];
+            if (utf8_to_cps(st->pend, (size_t)need, cp) == 1 && cp[0] != 0xfffd) fwrite(st->pend, 1, need, st->f);
             else fputs("\xef\xbf\xbd", st->f);
             st->n = 0;
         }

@@ -130,7 +130,7 @@ typedef struct {
     uint32_t version;
     int64_t n_tensors_override, n_kv_override;   // -2: use the real count
     int dup_key, empty_key, bad_kv_type, nested_array, long_string, huge_array;
-    int bad_alignment, alignment_type_i32;
+    int bad_alignment, alignment_type_i32, misaligned;
     int long_name, five_dims, zero_dim, neg_dim, big_dim, bad_type, removed_type, ragged_row, bad_offset, dup_tensor;
     int nul_key, nul_name, overflow_dims;
     int truncate_data;
@@ -161,7 +161,7 @@ static Buf make_gguf(const Variant *v) {
     // kv 4: alignment
     put_str(&b, "general.alignment");
     put_i32(&b, v->alignment_type_i32 ? GGUF_TYPE_I32 : GGUF_TYPE_U32);
-    put_u32(&b, v->bad_alignment ? 24 : 32);
+    put_u32(&b, v->bad_alignment ? 24 : v->misaligned ? 2 : 32);
     // tensor infos
     // long_name: 1 = 64 bytes (one too many), 2 = 63 (the longest allowed)
     char name0[80] = "w";
@@ -178,12 +178,16 @@ static Buf make_gguf(const Variant *v) {
     }
     put_i32(&b, v->bad_type ? 77 : v->removed_type ? 4 : v->ragged_row ? GGML_TYPE_Q4_0 : GGML_TYPE_F32);
     put_u64(&b, 0);
-    put_str(&b, v->dup_tensor ? name0 : "b");
+    if (v->misaligned) { // alignment 2, and a name for b that puts the data 2 bytes past a multiple of 4
+        char nb[8] = "b";
+        for (int l = 1; (b.n + 8 + l + 24) % 4 != 2; l++) nb[l] = 'b';
+        put_str(&b, nb);
+    } else put_str(&b, v->dup_tensor ? name0 : "b");
     put_u32(&b, 1);
     put_u64(&b, 3);
     put_i32(&b, GGML_TYPE_F32);
     put_u64(&b, v->bad_offset ? 16 : 32); // w is 32 bytes; aligned to 32
-    put_pad(&b, 32);
+    put_pad(&b, v->misaligned ? 2 : 32);
     float data[8 + 8] = {1, 2, 3, 4, 5, 6, 7, 8, 0.5f, -1, 2};
     put(&b, data, v->truncate_data ? 40 : 32 + 12);
     return b;
@@ -273,6 +277,7 @@ static void test_gguf_reader(void) {
     CASE("array longer than the file", "cannot fit", huge_array, 1);
     CASE("alignment not a power of two", "power of two", bad_alignment, 1);
     CASE("alignment stored as i32", "general.alignment must be u32", alignment_type_i32, 1);
+    CASE("tensor data not on 4 bytes (alignment 2)", "not 4-byte aligned", misaligned, 1);
     CASE("tensor name of 64 bytes", "longer than 63", long_name, 1);
     CASE("metadata key with a NUL byte", "contains a NUL byte", nul_key, 1);
     CASE("tensor name with a NUL byte", "contains a NUL byte", nul_name, 1);
@@ -1163,6 +1168,31 @@ static void test_sampler(void) {
     sampler_init(&a, 6, 0.0f, 0, 1.0f, 0.0f, 1);
     check(sample(&a, tie) == 2 && argmax(tie, 6) == 2, "sampler: temp 0 on tied logits picks the smallest id");
     free(a.cand);
+    // min-p above 1 keeps the top token (nothing else reaches min_p x its p): never an empty set
+    for (int i = 0; i < V; i++) logits[i] = nrand();
+    sampler_init(&a, V, 1.0f, 0, 1.0f, 2.0f, 9);
+    all = 1;
+    for (int i = 0; i < 100; i++) all &= sample(&a, logits) == argmax(logits, V);
+    check(all, "sampler: min-p 2 keeps only the top token");
+    free(a.cand);
+    // non-finite logits: no token (-1; the CLI names the position and stops), whatever the settings;
+    // a NaN that top-k would drop is seen too
+    float bad[6] = {0.0f, 1.0f, 3.0f, -2.0f, 3.0f, 3.0f};
+    int none = 1;
+    const float cut[4][5] = {{0.0f, 0, 1.0f, 0.0f}, {1.0f, 0, 1.0f, 0.05f}, {0.8f, 2, 0.95f, 0.05f}, {1.0f, 0, 0.5f, 0.0f}};
+    for (int v = 0; v < 3; v++) {
+        memcpy(bad, tie, sizeof bad);
+        if (v == 0) bad[3] = NAN;          // a NaN below the top-2
+        if (v == 1) bad[2] = INFINITY;     // softmax of an infinity
+        if (v == 2) for (int i = 0; i < 6; i++) bad[i] = NAN;
+        for (int k = 0; k < 4; k++) {
+            if (v == 1 && k == 0) continue; // greedy takes an infinity as the largest value
+            sampler_init(&a, 6, cut[k][0], (int)cut[k][1], cut[k][2], cut[k][3], 3);
+            none &= sample(&a, bad) == -1;
+            free(a.cand);
+        }
+    }
+    check(none, "sampler: NaN or infinite logits give no token (greedy and sampled, with top-k/top-p/min-p)");
 }
 
 // =================================================================================================
@@ -1260,6 +1290,37 @@ static void test_cli(void) {
         snprintf(c2, sizeof c2, "%s -m %s --cpu --tokens 1 2>&1", QWEN, cmd);
         int rc = run_cmd(c2, out, sizeof out);
         check(rc == 1 && strstr(out, "tensor '") && strstr(out, "past the end"), "cli: truncated model -> exit 1, names the tensor");
+        unlink(cmd);
+    }
+    // a model whose weights hold NaN (the final norm's): the logits are NaN, and generation stops
+    // with a message instead of drawing from them, greedy and sampled
+    {
+        size_t len;
+        uint8_t *f = (uint8_t *)read_file(m, &len);
+        GGUF g;
+        memset(&g, 0, sizeof g);
+        g.fd = -1;
+        int found = 0;
+        if (gguf_parse(&g, f, len) == 0)
+            for (int64_t i = 0; i < g.n_tensors; i++)
+                if (!strcmp(g.tensors[i].name, "output_norm.weight") && g.tensors[i].type == GGML_TYPE_F32) {
+                    float nan = NAN;
+                    for (size_t b = 0; b + 4 <= g.tensors[i].nbytes; b += 4) memcpy(f + g.data_offset + g.tensors[i].offset + b, &nan, 4);
+                    found = 1;
+                }
+        gguf_close(&g);
+        snprintf(cmd, sizeof cmd, "%s_nan.gguf", tmp);
+        write_file(cmd, f, len);
+        free(f);
+        int good = found;
+        for (int k = 0; k < 2 && found; k++) {
+            char c2[1024];
+            snprintf(c2, sizeof c2, "%s -m %s --cpu --tokens 1,2,3 -n 4 %s 2>&1", QWEN, cmd, k ? "--temp 0.8 --seed 1" : "--temp 0");
+            int rc = run_cmd(c2, out, sizeof out);
+            good &= rc == 1 && strstr(out, "logits at position 2 are not finite") != NULL;
+            if (rc != 1) printf("     rc=%d output: %.300s\n", rc, out);
+        }
+        check(good, "cli: NaN weights -> exit 1 naming the position whose logits are not finite (greedy and sampled)");
         unlink(cmd);
     }
     // a tensor of an unknown type id
@@ -1372,7 +1433,7 @@ static void print_ids_diff(const char *what, const int *got, int ng, const int *
 
 // NFC of a UTF-8 string with the tokenizer's normalizer
 static char *nfc_utf8(const char *s, size_t len, size_t *out_len) {
-    uint32_t *c = (uint32_t *)xmalloc(len * 4 + 4), *d = (uint32_t *)xmalloc(len * 12 + 4);
+    uint32_t *c = (uint32_t *)xmalloc(len * 4 + 4), *d = (uint32_t *)xmalloc((len * NFC_MAX_DECOMP + 1) * 4);
     int n = nfc(c, utf8_to_cps((const unsigned char *)s, len, c), d);
     char *o = (char *)xmalloc((size_t)n * 4 + 1);
     size_t k = 0;
@@ -1431,6 +1492,54 @@ static void check_vocab_vectors(const Tokenizer *t, const char *stem, const char
     report(cases > 0 && cases == expected && round == cases, name, cases == expected ? cases - round : expected - cases, 0);
     free(inp);
     free(outs);
+}
+
+// The tokenizer's fixed-size buffers against their worst cases, without a vocabulary: every code
+// point's full decomposition fits NFC_MAX_DECOMP (and one needs all of it, so the bound is the
+// table's, not a guess); a text of the longest decompositions normalizes within nfc's room; every
+// lead byte the streaming printer buffers, followed by continuation bytes that utf8_to_cps rejects
+// or accepts, prints whole (one U+FFFD for a rejected sequence).
+static void test_utf8_bounds(void) {
+    int worst = 0;
+    uint32_t worst_cp = 0, buf[64];
+    for (uint32_t cp = 0; cp <= 0x10ffff; cp++) {
+        int n = decompose(cp, buf);
+        if (n > worst) { worst = n; worst_cp = cp; }
+    }
+    char name[160];
+    snprintf(name, sizeof name, "NFC: the longest full decomposition (U+%04X) is NFC_MAX_DECOMP", worst_cp);
+    report(worst == NFC_MAX_DECOMP, name, worst, NFC_MAX_DECOMP);
+    // U+1F82 x 200 and a combining acute accent (no quick path): 801 code points before composing
+    const int reps = 200;
+    uint32_t *in = (uint32_t *)xmalloc((reps + 1) * 4), *out = (uint32_t *)xmalloc(((size_t)(reps + 1) * NFC_MAX_DECOMP + 1) * 4);
+    for (int i = 0; i < reps; i++) in[i] = 0x1f82;
+    in[reps] = 0x301;
+    int n = nfc(in, reps + 1, out), same = n == reps + 1;
+    for (int i = 0; i < reps && same; i++) same = out[i] == 0x1f82;
+    check(same && out[reps] == 0x301, "NFC: 200 x U+1F82 + U+0301 normalizes to itself (4 code points each on the way)");
+    free(in); free(out);
+    // the streaming printer: every lead byte 0x80..0xff, then 3 bytes that complete or break it
+    int whole = 1;
+    for (int lead = 0x80; lead <= 0xff; lead++)
+        for (int k = 0; k < 4; k++) {
+            const unsigned char tails[4][3] = {{0x80, 0x80, 0x80}, {0xbf, 0xbf, 0xbf}, {0xa0, 0x90, 0x80}, {0x8f, 0x9f, 0xbf}};
+            char bytes[4] = {(char)lead, (char)tails[k][0], (char)tails[k][1], (char)tails[k][2]};
+            static char obuf[64];
+            FILE *f = fmemopen(obuf, sizeof obuf, "w");
+            Stream st = {{0}, 0, f};
+            stream_bytes(&st, bytes, 4);
+            stream_flush(&st);
+            long len = ftell(f);
+            fclose(f);
+            uint32_t cps[64];
+            int nc = utf8_to_cps((const unsigned char *)obuf, (size_t)len, cps), valid = 1;
+            for (int i = 0; i < nc; i++) valid &= cps[i] <= 0x10ffff;
+            // what the input's valid code points are, each printed as itself, the rest as U+FFFD
+            uint32_t want[8];
+            int nw = utf8_to_cps((const unsigned char *)bytes, 4, want);
+            whole &= valid && nc >= 1 && nc <= nw && (nc == nw ? !memcmp(cps, want, (size_t)nc * 4) : 1);
+        }
+    check(whole, "tokenizer: the streaming printer prints every lead byte with any tail as valid UTF-8");
 }
 
 static void test_tokenizer(void) {
@@ -3013,6 +3122,7 @@ int main(int argc, char **argv) {
     test_step_order();
     test_att_cut();
     test_sampler();
+    test_utf8_bounds();
     test_tokenizer();
     test_cli();
     test_budget();
