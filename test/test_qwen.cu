@@ -119,6 +119,14 @@ static void test_conversions(void) {
     }
     report(bad == 0, "fp16_to_f32 matches cuda_fp16 on all 65536 values", bad, 0);
     check(bf16_to_f32(0x3f80) == 1.0f && bf16_to_f32(0xc000) == -2.0f, "bf16_to_f32 on 1.0 and -2.0");
+    int bad16 = 0;
+    for (uint32_t h = 0; h < 65536; h++) { // bf16 is the top half of an fp32: the bits must come back so
+        float f = bf16_to_f32((uint16_t)h);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        bad16 += u != h << 16;
+    }
+    report(bad16 == 0, "bf16_to_f32: all 65536 values are the fp32 with those top 16 bits", bad16, 0);
 }
 
 // =================================================================================================
@@ -167,9 +175,10 @@ static Buf make_gguf(const Variant *v) {
     char name0[80] = "w";
     if (v->long_name) { memset(name0, 'n', 80); name0[v->long_name == 1 ? 64 : 63] = 0; }
     if (v->nul_name) put_strn(&b, "w\0x", 3); else put_str(&b, name0);
-    if (v->overflow_dims) { // three dimensions of 2^31 - 1: 2^93 elements
-        put_u32(&b, 3);
-        for (int d = 0; d < 3; d++) put_u64(&b, INT32_MAX);
+    if (v->overflow_dims) { // 1: three dimensions of 2^31 - 1 (2^93 elements); 2: {2^31 - 1, 2^31 - 1, 2,
+                            // 2^31 - 1}, whose first three stay below 2^63 and the fourth overflows
+        put_u32(&b, v->overflow_dims == 1 ? 3 : 4);
+        for (int d = 0; d < (v->overflow_dims == 1 ? 3 : 4); d++) put_u64(&b, v->overflow_dims == 2 && d == 2 ? 2 : INT32_MAX);
     } else {
         put_u32(&b, v->five_dims ? 5 : 2);
         put_u64(&b, 4);
@@ -259,7 +268,7 @@ static void test_gguf_reader(void) {
     }
 
     // each malformed variant must fail with a message naming the problem
-    struct { const char *what, *expect; Variant v; } cases[32];
+    struct { const char *what, *expect; Variant v; } cases[40];
     int nc = 0;
 #define CASE(label, msg, field, val) do { if (nc == (int)(sizeof cases / sizeof cases[0])) die("test: too many GGUF cases"); cases[nc].what = label; cases[nc].expect = msg; cases[nc].v = ok0; cases[nc].v.field = val; nc++; } while (0)
     CASE("version 0", "version 0", version, 0xFFFFFFFFu); // patched below to 0
@@ -282,6 +291,7 @@ static void test_gguf_reader(void) {
     CASE("metadata key with a NUL byte", "contains a NUL byte", nul_key, 1);
     CASE("tensor name with a NUL byte", "contains a NUL byte", nul_name, 1);
     CASE("element count past 2^63", "element count overflows", overflow_dims, 1);
+    CASE("element count past 2^63 at the fourth dimension", "element count overflows", overflow_dims, 2);
     CASE("five dimensions", "n_dims", five_dims, 1);
     CASE("zero-sized dimension", "must be at least 1", zero_dim, 1);
     CASE("negative dimension", "must be at least 1", neg_dim, 1);
@@ -314,6 +324,30 @@ static void test_gguf_reader(void) {
         int good = rc != 0 && strstr(err, cases[i].expect) != NULL;
         check(good, name);
         if (!good) printf("     message was: '%s' (expected to contain '%s')\n", err, cases[i].expect);
+    }
+
+    // Per-layer keys: a scalar repeated; an array of the layers that run, or of every block (qwen35's
+    // MTP blocks after the trunk included: the first n are the trunk's)
+    {
+        Buf b = {0};
+        put(&b, "GGUF", 4);
+        put_u32(&b, 3);
+        put_u64(&b, 0);
+        put_u64(&b, 2);
+        const int32_t five[5] = {11, 12, 13, 14, 15};
+        kv_arr_i32(&b, "x.per_layer", five, 5);
+        kv_u32(&b, "x.scalar", 7);
+        GGUF g;
+        memset(&g, 0, sizeof g);
+        g.fd = -1;
+        int32_t o4[5] = {0}, o5[5] = {0}, os[5] = {0};
+        int ok = gguf_parse(&g, b.p, b.n) == 0 && gguf_int_or_arr(&g, "x.per_layer", o4, 4, 5) &&
+                 gguf_int_or_arr(&g, "x.per_layer", o5, 5, 5) && gguf_int_or_arr(&g, "x.scalar", os, 3, 5) &&
+                 !gguf_int_or_arr(&g, "x.absent", os + 3, 1, 1);
+        ok = ok && !memcmp(o4, five, 16) && o4[4] == 0 && !memcmp(o5, five, 20) && os[0] == 7 && os[2] == 7 && os[3] == 0;
+        check(ok, "gguf: per-layer keys as a scalar, an array of the layers run, or of every block (the first n)");
+        gguf_close(&g);
+        free(b.p);
     }
 
     // Counts only the file's size bounds: 200k keys and 100k tensors, each with one duplicate at the
@@ -416,6 +450,14 @@ static void test_gguf_reader(void) {
     memset(&g, 0, sizeof g);
     check(gguf_open(&g, "/nonexistent/model.gguf") != 0 && strstr(g.err, "cannot open"), "gguf: missing file is an error");
     check(gguf_open(&g, "/") != 0 && strstr(g.err, "not a regular file"), "gguf: a directory is an error");
+    char ep[64];
+    snprintf(ep, sizeof ep, "/tmp/qwen_test_empty_%d.gguf", (int)getpid());
+    write_file(ep, "", 0);
+    memset(&g, 0, sizeof g);
+    int erc = gguf_open(&g, ep);
+    check(erc != 0 && strstr(g.err, "empty"), "gguf: an empty file is an error naming it");
+    if (erc == 0) gguf_close(&g);
+    unlink(ep);
 }
 
 // =================================================================================================
@@ -1032,7 +1074,7 @@ static void test_models(int use_gpu) {
             free(ref);
             if (!use_gpu) {
                 snprintf(name, sizeof name, "cpu logits %s-%s %s: max|d|/std", mf[i].model, mf[i].type, SEQS[s].name);
-                report(r.ok && r.max_over_std <= 1e-3, name, r.ok ? r.max_over_std : NAN, 1e-3);
+                report(r.ok && r.max_over_std <= 2e-4, name, r.ok ? r.max_over_std : NAN, 2e-4); // measured <= 4.1e-5
             } else {
                 double tol = is_float_type(mf[i].type) ? 5e-5 : 1e-3;
                 double yard = yardstick_kl(mf[i].model, mf[i].type, SEQS[s].name);
@@ -1052,7 +1094,9 @@ static void test_models(int use_gpu) {
             report(f0 == f1, "gpu: no device memory allocated in the token loop (40 tokens): bytes", (double)f0 - (double)f1, 0);
             report(g_n_alloc == a0, "gpu: no cudaMalloc / cudaMallocHost in the token loop (40 tokens): calls", (double)(g_n_alloc - a0), 0);
         }
-        // greedy continuation after seq-text: required for f32 files, reported for the others
+        // greedy continuation after seq-text: required on the CPU (the reference's arithmetic, so only a
+        // bug changes a token) and for f32 files on the GPU; reported for the GPU's quantized files,
+        // whose 16-bit activations may flip a near tie
         int ref32[64], got[64];
         int nref = greedy_ref(mf[i].model, mf[i].type, ref32);
         if (have_greedy && !strcmp(mf[i].type, "f32") && nref != 32) { // required: the reference must be there
@@ -1064,7 +1108,7 @@ static void test_models(int use_gpu) {
             int same = 0;
             while (same < nref && got[same] == ref32[same]) same++;
             snprintf(name, sizeof name, "%s greedy 32 %s-%s: tokens before first difference", dev, mf[i].model, mf[i].type);
-            if (!strcmp(mf[i].type, "f32") || same == nref) report(same == nref, name, nref - same, 0);
+            if (!use_gpu || !strcmp(mf[i].type, "f32") || same == nref) report(same == nref, name, nref - same, 0);
             else printf("info %-64s %d of %d equal (not required for quantized files)\n", name, same, nref);
         }
         engine_free(&e);
@@ -1162,6 +1206,19 @@ static void test_sampler(void) {
     for (int i = 0; i < 4000; i++) seen5[sample(&a, lg5)]++;
     check(seen5[0] > 0 && seen5[1] > 0 && seen5[2] > 0 && seen5[3] > 0 && seen5[4] == 0,
           "sampler: top-p 0.9 keeps the four-token nucleus, tokens of p 0.08 and 0.07 included");
+    free(a.cand);
+    // a long tail inside the nucleus: p = 0.5 and ten of 0.05, top-p 0.78 -> the top and six of the
+    // tail (ties by id), so a pre-sort cut above 0.05 would show
+    float lg11[11];
+    lg11[0] = logf(0.5f);
+    for (int i = 1; i < 11; i++) lg11[i] = logf(0.05f);
+    sampler_init(&a, 11, 1.0f, 0, 0.78f, 0.0f, 11);
+    int seen11[11] = {0};
+    for (int i = 0; i < 4000; i++) seen11[sample(&a, lg11)]++;
+    int in = 1, out = 0;
+    for (int i = 0; i < 7; i++) in &= seen11[i] > 0;
+    for (int i = 7; i < 11; i++) out += seen11[i];
+    check(in && out == 0, "sampler: top-p 0.78 over 0.5 and ten of 0.05 keeps exactly seven tokens");
     free(a.cand);
     // greedy ties: the smaller id, as the candidates' order has it
     float tie[6] = {0.0f, 1.0f, 3.0f, -2.0f, 3.0f, 3.0f};
@@ -1531,15 +1588,25 @@ static void test_utf8_bounds(void) {
             stream_flush(&st);
             long len = ftell(f);
             fclose(f);
-            uint32_t cps[64];
-            int nc = utf8_to_cps((const unsigned char *)obuf, (size_t)len, cps), valid = 1;
-            for (int i = 0; i < nc; i++) valid &= cps[i] <= 0x10ffff;
-            // what the input's valid code points are, each printed as itself, the rest as U+FFFD
-            uint32_t want[8];
-            int nw = utf8_to_cps((const unsigned char *)bytes, 4, want);
-            whole &= valid && nc >= 1 && nc <= nw && (nc == nw ? !memcmp(cps, want, (size_t)nc * 4) : 1);
+            // expected: the input cut where each lead byte says its sequence ends (C0-DF: 2 bytes,
+            // E0-EF: 3, F0-F7: 4, anything else: 1); a piece that is one valid code point is
+            // printed as it is, any other piece as one U+FFFD
+            char want[64];
+            size_t nw = 0;
+            for (int i = 0; i < 4;) {
+                unsigned c = (unsigned char)bytes[i];
+                int L = c >= 0xc0 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf7 ? 4 : 1;
+                if (c < 0x80) L = 1;
+                if (i + L > 4) L = 4 - i; // cut short by the end: flushed as U+FFFD
+                uint32_t one[4];
+                int n1 = utf8_to_cps((const unsigned char *)bytes + i, (size_t)L, one), full = L == (c >= 0xc0 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf7 ? 4 : 1);
+                if (n1 == 1 && one[0] != 0xfffd && full) { memcpy(want + nw, bytes + i, (size_t)L); nw += (size_t)L; }
+                else { memcpy(want + nw, "\xef\xbf\xbd", 3); nw += 3; }
+                i += L;
+            }
+            whole &= (size_t)len == nw && !memcmp(obuf, want, nw);
         }
-    check(whole, "tokenizer: the streaming printer prints every lead byte with any tail as valid UTF-8");
+    check(whole, "tokenizer: the streaming printer, every lead byte with 4 tails: each sequence as itself or one U+FFFD");
 }
 
 static void test_tokenizer(void) {
@@ -1728,7 +1795,7 @@ static void test_tokenizer(void) {
         }
     }
     if (nt) pclose(nt);
-    if (lines > 0) report(bad == 0, "NFC: Unicode NormalizationTest.txt, every line, 5 columns (failures)", bad, 0);
+    if (lines > 0) report(bad == 0 && lines > 18000, "NFC: Unicode NormalizationTest.txt, every line (> 18000), 5 columns (failures)", bad, 0);
     else skip("NFC: Unicode NormalizationTest.txt", "/usr/share/unicode not installed (Debian package unicode-data)");
 }
 
@@ -1765,6 +1832,13 @@ static void test_kld_record(void) {
     }
     report(e <= 0.5 + 1e-2 && clamped > 0 && bad_clamp == 0,
            "kl-divergence base record: each log-prob within half a uint16 step, below max-16 stored as 0: steps", e, 0.51);
+    // and the engine's decoder of that record, against the log-probabilities computed here
+    double *lpd = (double *)xmalloc(V * sizeof(double)), ed = 0;
+    kld_decode(rec, V, lpd);
+    for (int i = 0; i < V; i++)
+        if (lg[i] >= mx - 16) ed = worse(ed, fabs(lpd[i] - (lg[i] - lse)) / scale);
+    report(ed <= 0.5 + 1e-2, "kl-divergence base record: kld_decode within half a step of log_softmax: steps", ed, 0.51);
+    free(lpd);
     free(lg);
     free(rec);
 }
@@ -1834,15 +1908,36 @@ static void test_perplexity(void) {
         free(lb); free(rec);
         PplResult self = perplexity(&ef, seq->ids, 1, n_ctx, NULL, &b, 0);
         printf("info kl-divergence: f32 against its own base: KLD %.3g, the format's floor %.3g\n", self.kld_mean, floor_kl);
-        report(fabs(self.kld_mean - floor_kl) <= 1e-6 && self.same_top == 1.0,
+        report(floor_kl > 0 && self.kld_mean > 0 && fabs(self.kld_mean - floor_kl) <= 1e-6 && self.same_top == 1.0,
                "kl-divergence base: f32 against its own base: KLD minus the u16 format's floor (same top 100 %)",
                fabs(self.kld_mean - floor_kl), 1e-6);
         PplResult q = perplexity(&eq, seq->ids, 1, n_ctx, NULL, &b, 0);
         // the u16 log-probabilities: steps of at most 16/65535 nats, and the tail below max - 16 clamped
         double d = fabs(q.kld_mean - kl_ref);
-        report(d <= 1e-3 * fmax(1.0, kl_ref), "kl-divergence base: q4_0 scored against the f32 base vs KL from the exact logits: |d|",
-               d, 1e-3 * fmax(1.0, kl_ref));
+        report(d <= 2e-4 * fmax(1.0, kl_ref), "kl-divergence base: q4_0 scored against the f32 base vs KL from the exact logits: |d|",
+               d, 2e-4 * fmax(1.0, kl_ref)); // measured 4.4e-5
         printf("info kl-divergence: KL(f32 || q4_0) from the base file %.6f, from the exact logits %.6f\n", q.kld_mean, kl_ref);
+        // the base's own side of the report: its PPL, from the targets' stored log-probabilities
+        // (within half a u16 step of the exact ones, and clamped at max - 16 as the format stores
+        // them: a random model puts many targets down there), and how often the top tokens agree
+        int agree = 0;
+        double nllb = 0;
+        for (int j = n_ctx / 2; j <= n_ctx - 2; j++) {
+            const float *r = ref + (size_t)j * V;
+            agree += argmax(r, V) == argmax(refq + (size_t)j * V, V);
+            double rmx = -INFINITY, rmn = INFINITY, rs = 0;
+            for (int i = 0; i < V; i++) { rmx = fmax(rmx, r[i]); rmn = fmin(rmn, r[i]); }
+            for (int i = 0; i < V; i++) rs += exp(r[i] - rmx);
+            double lse = rmx + log(rs);
+            nllb -= fmax(r[seq->ids[j + 1]], fmax(rmn, rmx - 16)) - lse;
+        }
+        double pplb_ref = exp(nllb / ns);
+        report(fabs(q.ppl_base - pplb_ref) / pplb_ref <= 3e-4,
+               "kl-divergence base: PPL(base) vs the exact f32 logits' PPL, clamped as stored: rel. diff",
+               fabs(q.ppl_base - pplb_ref) / pplb_ref, 3e-4);
+        report(fabs(q.same_top - (double)agree / ns) <= 1.0 / ns,
+               "kl-divergence base: q4_0's same-top fraction vs the exact logits' agreement: |d|", fabs(q.same_top - (double)agree / ns),
+               1.0 / ns);
         free(b.data);
     }
     // broken files are refused with a reason
@@ -1928,11 +2023,13 @@ static void test_budget(void) {
         budget_compute(&b, &m, n_ctx);
         // independent count from the file: every tensor but token_embd, unless the output is tied to it
         size_t w = 0;
+        double elems = 0;
         int tied = gguf_tensor(&m.gguf, "output.weight") == NULL;
         for (int64_t i = 0; i < m.gguf.n_tensors; i++) {
             const GGUFTensor *t = &m.gguf.tensors[i];
             if (!strcmp(t->name, "token_embd.weight") && !tied) continue;
             w += (t->nbytes + 255) / 256 * 256;
+            elems += (double)t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
         }
         size_t kv = 2 * (((size_t)c->n_kv_layers * n_ctx * c->n_head_kv * c->head_dim * 2 + 255) / 256 * 256);
         size_t conv_dim = (2 * (size_t)c->ssm_k_heads + c->ssm_v_heads) * c->ssm_state;
@@ -1952,6 +2049,8 @@ static void test_budget(void) {
         budget_compute(&above, &m, h.max_ctx + 1);
         snprintf(name, sizeof name, "budget %s: 1 byte short is refused; hint -c %d fits, -c %d does not", models[mi], h.max_ctx, h.max_ctx + 1);
         check(!budget_fits(&b) && h.max_ctx < n_ctx && h.max_ctx > 0 && budget_fits(&at) && !budget_fits(&above), name);
+        snprintf(name, sizeof name, "budget %s: bits/weight of the refusal = 8 x the weights' bytes / their count in the file", models[mi]);
+        report(fabs(h.bpw - 8.0 * w / elems) <= 1e-9 * h.bpw, name, fabs(h.bpw - 8.0 * w / elems), 1e-9 * h.bpw);
         // what must be free is every part of the table, the upload staging included; an exact fit fits;
         // one byte short, the weights must average just under what they do now
         Budget exact = b;
