@@ -3428,6 +3428,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
 
 // The DeltaNet token kernel for S = 32, 64, 96 or 128 (larger S: the three kernels).
 static int gdn_token_ok(int S) { return S % 32 == 0 && S <= 128; }
+// The launcher of gdn_token_kernel for state size S (its pointers' shapes are written there).
 static void gdn_token(float *state, float *cs, const float *mixed, const float *w, const float *z, const float *beta_raw,
                       const float *alpha_raw, const float *dt_bias, const float *ssm_a, const float *nw, const Act *out,
                       int *count, int S, int Hk, int Hv, float eps, cudaStream_t st) {

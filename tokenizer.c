@@ -323,10 +323,10 @@ static int hm_get(const HashMap *m, const char *key, int len) {
 typedef struct {
     int n_vocab;
     const char **text;   // (n_vocab) token text as stored (byte-level characters), in the mapped file
-    int *text_len;
+    int *text_len;       // (n_vocab)
     int *type;           // (n_vocab) TOK_*
-    char *pieces;        // decoded bytes of every token, back to back
-    int *piece_off, *piece_len;
+    char *pieces;        // (sum of piece_len) decoded bytes of every token, back to back
+    int *piece_off, *piece_len; // (n_vocab) each token's bytes in pieces
     unsigned char *eog;  // (n_vocab) 1: ends generation
     HashMap token_id;    // text -> id
     HashMap merge_rank;  // "left right" -> rank
