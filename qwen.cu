@@ -4,8 +4,8 @@
 // attention) straight from a GGUF file on one NVIDIA GPU, built first for the V100 (sm_70: no bf16,
 // dp4a, 900 GB/s) and running on every newer card. The whole model is on the GPU or it does not run:
 // a VRAM budget proves it fits before anything large is allocated. Every kernel of the forward
-// pass has a plain-C twin in this file: the C twin is the readable specification, `--cpu` runs the whole model on it,
-// and the tests compare the two.
+// pass has a plain-C twin in this file: the C twin is the readable specification, `--cpu` runs
+// the whole model on it, and the tests compare the two.
 //
 // Read it top to bottom; the sections follow the data:
 //
@@ -312,8 +312,8 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
     int64_t n_tensors = rd_i64(&c, "n_tensors");
     int64_t n_kv = rd_i64(&c, "n_kv");
     // Each KV pair takes at least 8+4+1 bytes (an empty key, a one-byte value) and each tensor info
-// at least 8+4+4+8 (an empty name, no dims): bounding
-    // the counts by the file size keeps the allocations below honest.
+    // at least 8+4+4+8 (an empty name, no dims): bounding the counts by the file size keeps the
+    // allocations below honest.
     if (n_tensors < 0 || (uint64_t)n_tensors > size / 24)
         gguf_fail(g, "n_tensors = %lld is impossible for a file of %zu bytes", (long long)n_tensors, size);
     if (n_kv < 0 || (uint64_t)n_kv > size / 13)
@@ -1801,7 +1801,9 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 // IQ4_XS matrix stay row by row (step_order_group; test/PERF_NOTES.md runs 16 and 21).
 // Only matrices whose rows are whole chunks and whose row count is a multiple of MV_ROWS are stored so.
 #ifndef MV_ROWS
-#define MV_ROWS 4 // rows per unit of the streaming mat-vec: each activation load serves this many (measured best of 1, 2, 4; 8 slower, PERF_NOTES run 12)
+// rows per unit of the streaming mat-vec: each activation load serves this many (measured best of
+// 1, 2, 4; 8 slower, PERF_NOTES run 12)
+#define MV_ROWS 4
 #endif
 // The slot of unit c of a tensor in step order. Its units are [F, G) of the launch's stream (F =
 // so.first, G = F + so.units); warps w0 = F / upw .. w1 = (G - 1) / upw read them, nw in all. Every
@@ -2007,8 +2009,9 @@ typedef struct {
 // on the H200 against ld.global.cg (L2 only, normal priority), the weights alone: 27B IQ4_XS 6.57 ->
 // 6.50 ms per token, Qwen3-32B Q4_0 7.27 -> 6.82 (with the DeltaNet state and the K/V rows also
 // evict-first: 6.45 and 6.75; 64 attention layers, whose kernel had stalled on instruction
-// misses; test/PERF_NOTES.md run 12). Not the read-only path (__ldg, ld.global.nc): there ptxas may drop a loaded register and
-// load it again next to its use, which would undo the loads in flight that the kernels below arrange.
+// misses; test/PERF_NOTES.md run 12). Not the read-only path (__ldg, ld.global.nc): there ptxas
+// may drop a loaded register and load it again next to its use, which would undo the loads in
+// flight that the kernels below arrange.
 __device__ __forceinline__ int4 ldw(const int4 *p) {
     int4 v;
     asm volatile("ld.global.cs.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -5501,7 +5504,7 @@ static int sample(Sampler *s, const float *logits) {
     for (int i = 0; i < n; i++) mx = fmaxf(mx, c[i].logit);
     double sum = 0.0;
     for (int i = 0; i < n; i++) { c[i].p = expf(c[i].logit - mx); sum += c[i].p; }
-    if (!isfinite(mx) || !(sum >= 1.0 && sum < INFINITY)) return -1; // an infinity; sum >= 1: the top token's term
+    if (!isfinite(mx)) return -1; // an infinity (no NaN is left: the copy above looked)
     for (int i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
     if (s->min_p > 0.0f) { // keep p >= min_p * p_max; p_max = 1/sum (the top token always, even for min_p > 1)
         float cut = s->min_p * (float)(1.0 / sum);

@@ -1,5 +1,6 @@
 // tokenizer.c — text <-> token ids for Qwen's byte-level BPE, read from the GGUF. #included by
-// qwen.cu in its section 8 (it needs only the GGUF reader of section 2). Matches Hugging Face `tokenizers` (the model authors' tokenizer):
+// qwen.cu in its section 8 (it needs only the GGUF reader of section 2). Matches Hugging Face
+// `tokenizers` (the model authors' tokenizer):
 //
 //   text --(split out special/added tokens, longest first)--> fragments
 //        --(UTF-8 -> code points; invalid bytes -> U+FFFD)-->
