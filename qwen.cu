@@ -2196,6 +2196,33 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
     return b;
 }
 
+// --- L2 prefetch of the next mat-vec's weights ---------------------------------------------------
+// Between two mat-vecs of a token the DRAM has nothing to do: the first one's last warps finish,
+// the launches in between start and end (RMSNorm, the attention, the DeltaNet step: microseconds
+// of latency, almost no bytes), and only then does the next mat-vec begin to read. The weights it
+// will read do not depend on any of that, only its input does. So every mat-vec launch, once a
+// thread's own reads are done, asks L2 for the first bytes of the next mat-vec's weights
+// (prefetch.global.L2: no register waits for it, the thread ends at once), one request per line,
+// spread over the launch's threads: those bytes stream in over the launch's tail and the short
+// kernels after it, and the next mat-vec finds them in L2. Pf names them: the first `lines` lines
+// of each plane of each of the next launch's matrices (pf_next).
+// Off unless QWEN_PF_MB=N is set (N MB a launch): written for measurement and not yet timed on a
+// GPU (test/PERF_NOTES.md, "Prepared without a GPU: the L2 prefetch"); the default follows the
+// measurement. QWEN_STEP_ALL=1 also stores the IQ4_XS launches in step order, where the first bytes
+// of the planes are the first units of every warp's run.
+#define PF_MAX 12
+typedef struct {
+    const uint8_t *p[PF_MAX]; // region r: its first byte
+    unsigned lines[PF_MAX];   // its length in lines of `line` bytes
+    int n, line;
+} Pf;
+
+__device__ __forceinline__ void pf_issue(const Pf &pf, unsigned t /* this thread */, unsigned T /* threads */) {
+    for (int r = 0; r < pf.n; r++)
+        for (unsigned i = t; i < pf.lines[r]; i += T)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(pf.p[r] + (size_t)i * pf.line));
+}
+
 // --- streaming mat-vec: the fast types' mat-vecs of a token ---------------------------------------
 // One launch computes up to BATCH_MAX matrices that read the same input (q, k, v; DeltaNet's qkv, z,
 // beta, alpha; gate and up). Rows are taken MV_ROWS at a time (a row group) and cut into chunks of
@@ -2246,6 +2273,7 @@ typedef struct {
     int upw;                        // units per warp run
     StepOrder so[BATCH_MAX];        // the order of matrix m's planes (so.upw = 0: row by row; else
                                     // this launch's: upw and first_unit[m], checked at the launch)
+    Pf pf;                          // the next launch's weights, asked of L2 once a thread is done
 } MvPlan;
 
 __device__ int d_mv_flag[MV_MAX_WARPS + 1];               // per shared group (by its first inner boundary): parts in
@@ -2418,6 +2446,7 @@ __global__ void __launch_bounds__(THREADS, THREADS >= MV_SM_THREADS ? 1 : MV_SM_
         else FAST_TYPE_SWITCH(p.type[m], RUN)
 #undef RUN
     }
+    pf_issue(p.pf, blockIdx.x * THREADS + threadIdx.x, gridDim.x * THREADS);
 }
 
 // Warps of matvec_stream_kernel the GPU holds at once at 16 per SM (asked once; the shapes of 512 and
@@ -2581,9 +2610,10 @@ template <int TYPE, int R, bool LOADS_FIRST>
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
 matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */, XQ xq /* (n_sub) blocks */,
                    const float *bias /* (n_out) or NULL */, float *y /* (n_out) */, int n_sub, int n_out,
-                   int accumulate) {
+                   int accumulate, Pf pf) {
     KERNEL_TRACE(K_MV_BLOCKS);
     fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
+    pf_issue(pf, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
 }
 
 // Up to four mat-vecs on the same input in one launch (q, k, v; or DeltaNet's qkv, z, beta, alpha):
@@ -2595,6 +2625,7 @@ typedef struct {
     int type[BATCH_MAX], n_out[BATCH_MAX];
     int first_block[BATCH_MAX + 1]; // blocks before matrix i; first_block[n] = all blocks
     int n;
+    Pf pf;                          // the next launch's weights (MvPlan's)
 } MatVecBatch;
 
 __global__ void __launch_bounds__(FAST_MAX_THREADS) matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
@@ -2605,6 +2636,7 @@ __global__ void __launch_bounds__(FAST_MAX_THREADS) matvec_fast_batch_kernel(Mat
 #define ROWS(T) fast_rows<T, FAST_ROWS, true>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0)
     FAST_TYPE_SWITCH(b.type[m], ROWS)
 #undef ROWS
+    pf_issue(b.pf, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
 }
 
 // Threads per block for rows of n_sub sub-blocks: as few passes as 256 threads allow, the passes
@@ -3484,6 +3516,69 @@ static int mv_use_stream(const MvPlan *p, int n_in) {
     return 10L * p->first_unit[p->n] >= 19 * cpr * warps;
 }
 
+// The planes of NB sub-blocks of a fast type (the layout of section 6): where each starts and its
+// length, in bytes. Returns how many.
+static int plane_list(int type, size_t NB, size_t start[4], size_t len[4]) {
+    start[0] = 0, len[0] = 16 * NB, start[1] = 16 * NB;
+    switch (type) {
+    case GGML_TYPE_Q4_0: len[1] = 2 * NB; return 2;
+    case GGML_TYPE_IQ4_XS: len[1] = NB; return 2;
+    case GGML_TYPE_Q5_K: len[1] = 4 * NB, start[2] = 20 * NB, len[2] = 2 * NB; return 3;
+    case GGML_TYPE_Q6_K: len[1] = 8 * NB, start[2] = 24 * NB, len[2] = 2 * NB, start[3] = 26 * NB, len[3] = NB / 4; return 4;
+    }
+    return 0;
+}
+
+// The prefetch the next mat-vec launch makes (set by pf_next, taken by matvec / matvec_batch): the
+// first `g_pf_bytes` of the weights of the launch after it, a share of every plane of every matrix,
+// the same share of each (the units a streaming launch reads first, in step order, and the first rows
+// the per-block kernel reads lie at the start of every plane). Not more than half of L2: the lines
+// must still be there when the next launch reads them. QWEN_PF_MB sets the size (0: none).
+static Pf g_pf;
+static double g_pf_bytes = -1;
+static int g_pf_line = 128;
+static void pf_next(int n, const Tensor *const *W) {
+    memset(&g_pf, 0, sizeof g_pf);
+    if (g_pf_bytes < 0) {
+        const char *e = getenv("QWEN_PF_MB"), *l = getenv("QWEN_PF_LINE");
+        g_pf_bytes = e ? atof(e) * 1e6 : 0.0;
+        if (l) g_pf_line = atoi(l) > 0 ? atoi(l) : 128;
+        int dev, l2;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+        if (g_pf_bytes > l2 / 2) g_pf_bytes = l2 / 2;
+    }
+    if (g_pf_bytes <= 0) return;
+    double total = 0;
+    for (int i = 0; i < n; i++) total += (double)W[i]->nbytes;
+    double frac = total > g_pf_bytes ? g_pf_bytes / total : 1.0;
+    g_pf.line = g_pf_line;
+    for (int i = 0; i < n; i++) {
+        size_t start[4], len[4];
+        int np = 1;
+        if (!W[i]->dev) continue;
+        if (W[i]->planes) np = plane_list(W[i]->type, (size_t)W[i]->n_out * (W[i]->n_in / 32), start, len);
+        else start[0] = 0, len[0] = W[i]->nbytes;
+        for (int k = 0; k < np && g_pf.n < PF_MAX; k++) {
+            g_pf.p[g_pf.n] = (const uint8_t *)W[i]->dev + start[k];
+            g_pf.lines[g_pf.n++] = (unsigned)((frac * len[k]) / g_pf_line);
+        }
+    }
+}
+// One more region for the next launch's prefetch: `bytes` from p (the DeltaNet state the kernel
+// after the in-projections reads).
+static void pf_add(const void *p, size_t bytes) {
+    if (g_pf_bytes <= 0 || g_pf.n >= PF_MAX || getenv("QWEN_PF_NOSTATE")) return;
+    g_pf.p[g_pf.n] = (const uint8_t *)p;
+    g_pf.lines[g_pf.n++] = (unsigned)(bytes / g_pf_line);
+}
+// The prefetch for this launch, and none for the one after (unless pf_next names one).
+static Pf pf_take(void) {
+    Pf pf = g_pf;
+    g_pf.n = 0;
+    return pf;
+}
+
 // y = W x (+ bias) (+ y when accumulate): the fast kernel (16-bit x) for weights in planes, the
 // generic one (fp32 x) for the rest.
 static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
@@ -3494,6 +3589,7 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
         MvPlan p;
         memset(&p, 0, sizeof p);
         p.accumulate = accumulate;
+        p.pf = pf_take();
         mv_plan_add(&p, W, bias, y);
         if (mv_use_stream(&p, n_in)) {
             matvec_stream(&p, in->q, n_in, st);
@@ -3511,13 +3607,14 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
         int half = long_rows || W->type == GGML_TYPE_Q4_0;
         int R = half ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
 #define FAST(T)                                                                                                  \
-    if (half) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
-    else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
+    if (half) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate, p.pf); \
+    else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate, p.pf)
         FAST_TYPE_SWITCH(W->type, FAST)
 #undef FAST
         KERNEL_CHECK();
         return;
     }
+    pf_take(); // the generic kernel prefetches nothing
     const int rows_per_block = 4;
     dim3 grid((unsigned)((n_out + rows_per_block - 1) / rows_per_block)), block(rows_per_block * WARP);
     size_t stride = row_bytes(W->type, W->n_in);
@@ -3544,6 +3641,7 @@ static void matvec_batch(int n, const Tensor *const *W, const float *const *bias
     }
     MvPlan p;
     memset(&p, 0, sizeof p);
+    p.pf = pf_take();
     for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], bias[i], y[i]);
     if (mv_use_stream(&p, (int)W[0]->n_in)) {
         matvec_stream(&p, in->q, (int)W[0]->n_in, st);
@@ -3552,6 +3650,7 @@ static void matvec_batch(int n, const Tensor *const *W, const float *const *bias
     MatVecBatch b;
     memset(&b, 0, sizeof b);
     b.n = n;
+    b.pf = p.pf;
     for (int i = 0; i < n; i++) {
         if (W[i]->so.upw) die("mat-vec '%s': planes in step order, but the launch does not stream", W[i]->name);
         b.w[i] = (const uint8_t *)W[i]->dev;
@@ -4806,7 +4905,7 @@ static void step_order_group(int n, Tensor *const *W) {
             if (is_fast_type(W[i]->type)) step_order_group(1, &W[i]);
         return;
     }
-    if (!any_iq4) step_order_set(n, W);
+    if (!any_iq4 || getenv("QWEN_STEP_ALL")) step_order_set(n, W); // QWEN_STEP_ALL: the L2 prefetch's measurement
 }
 static void step_order_plan(Model *m) {
     Weights *w = &m->w;
@@ -5084,6 +5183,8 @@ static void attention_block_gpu(const Model *m, GpuState *s, int l) {
     size_t kvdim = (size_t)c->n_head_kv * hd;
     // qwen35's Wq yields [q | gate] per head into qg; the attention reads q out of it
     float *qsrc = gated ? s->qg : s->q;
+    const Tensor *wo = &L->wo;
+    pf_next(1, &wo);
     PROF("attn_qkv", L->wq.nbytes + L->wk.nbytes + L->wv.nbytes,
          matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb, qsrc, s->k, s->v, st));
     size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
@@ -5092,6 +5193,8 @@ static void attention_block_gpu(const Model *m, GpuState *s, int l) {
     AttNew cur = {qsrc, gated ? 2 * hd : hd, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), c->n_rot, s->rope_cs, c->eps};
     PROF("attention", 0, attention(NULL, kc, vc, &cur, s->part_o, s->part_ml, s->kv_done, &s->att_out,
                                    gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st));
+    const Tensor *gu[2] = {&L->w_gate, &L->w_up};
+    pf_next(2, gu);
     PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
 }
 
@@ -5137,6 +5240,9 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     const Tensor *W[4] = {&L->wqkv, &L->wz, &L->w_beta, &L->w_alpha};
     const float *nob[4] = {NULL, NULL, NULL, NULL};
     float *y[4] = {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha};
+    const Tensor *out = &L->ssm_out, *gu[2] = {&L->w_gate, &L->w_up};
+    pf_next(1, &out);
+    pf_add(gdn_ssm_state(c, s, l), (size_t)Hv * S * S * sizeof(float));
     PROF("gdn_proj", L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes,
          matvec_batch(4, W, nob, y, &s->xb, st));
     if (gdn_token_ok(S)) { // conv, norms, gates, delta rule and gated norm in one launch
@@ -5146,7 +5252,21 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
         PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(gdn_ssm_state(c, s, l), s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
         PROF("gdn_norm", 0, gdn_norm_gpu(m, s, l, st));
     }
+    pf_next(2, gu);
     PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
+}
+
+// The matrices that read layer l's normalized input (the output matrix past the last layer), for
+// the prefetch of the launch before them. Returns how many.
+static int layer_inputs(const Model *m, int l, const Tensor **W /* [4] */) {
+    if (l == m->c.n_layer) { W[0] = &m->w.output; return 1; }
+    const LayerWeights *L = &m->w.layers[l];
+    if (m->c.kind[l] == LAYER_DELTANET) {
+        W[0] = &L->wqkv, W[1] = &L->wz, W[2] = &L->w_beta, W[3] = &L->w_alpha;
+        return 4;
+    }
+    W[0] = &L->wq, W[1] = &L->wk, W[2] = &L->wv;
+    return 3;
 }
 
 // The device work for one token, enqueued on the stream (captured into the graph, or run directly
@@ -5166,8 +5286,11 @@ static void forward_gpu_enqueue(const Model *m, GpuState *s) {
         else attention_block_gpu(m, s, l);
         // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
         PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st));
+        const Tensor *down = &L->w_down, *next[4];
+        pf_next(1, &down);
         PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes,
              ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, st));
+        pf_next(layer_inputs(m, l + 1, next), next);
         PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
     }
     PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st));

@@ -34,6 +34,7 @@
 typedef struct {
     size_t off, n;
     int next;
+    float us; // a short step: how long the engine's kernel for it lasts (run 18's spans, 27B)
 } Step;
 
 // --- the step list of a decode token ---------------------------------------------------------------
@@ -49,10 +50,15 @@ static int n_steps;
 static size_t units_total;
 static void read_step(double bytes) {
     size_t n = (size_t)(bytes / 16);
-    steps[n_steps++] = Step{units_total, n, -1};
+    steps[n_steps++] = Step{units_total, n, -1, 0.0f};
     units_total += n;
 }
-static void short_step() { steps[n_steps++] = Step{0, 0, -1}; }
+static void short_step(float us) { steps[n_steps++] = Step{0, 0, -1, us}; }
+// the engine's short kernels, us per launch (test/PERF_NOTES.md run 18's per-warp timeline)
+#define US_NORM 2.17f
+#define US_SILU 1.56f
+#define US_CONV 2.0f
+#define US_GNORM 2.5f
 
 // Qwen3.6-27B (qwen35): 64 layers, every 4th gated attention, the others Gated DeltaNet; hidden
 // 5120, FFN 17408, vocabulary 248320. iq4 = 1: the IQ4_XS mix (Q5_K DeltaNet qkv, attn_v, ffn_down
@@ -60,23 +66,24 @@ static void short_step() { steps[n_steps++] = Step{0, 0, -1}; }
 static void build_27b(int iq4) {
     double E = 5120, F = 17408, V = 248320, w = iq4 ? B_IQ4 : B_Q40, w5 = iq4 ? B_Q5K : B_Q40;
     for (int l = 0; l < 64; l++) {
-        short_step(); // RMSNorm
+        short_step(US_NORM); // RMSNorm
         if (l % 4 == 3) {
             read_step(E * 12288 * w + E * 1024 * w + E * 1024 * w5); // q+gate, k, v
-            short_step();                                           // attention (RoPE folded)
+            short_step(14.1f);                                      // attention (RoPE folded)
             read_step(6144 * E * w);                                 // attn_output
         } else {
             read_step(E * 10240 * w5 + E * 6144 * w + 2 * E * 48 * w); // qkv, z, alpha, beta
-            short_step();                                               // conv
+            short_step(US_CONV);                                        // conv
             read_step(48.0 * 128 * 128 * 4);                            // delta-rule step: the state
-            short_step();                                               // gated norm
+            short_step(US_GNORM);                                       // gated norm
             read_step(6144 * E * w);                                    // ssm_out
         }
-        short_step();                                     // RMSNorm
+        short_step(US_NORM);                              // RMSNorm
         read_step(2 * E * F * w);                         // gate + up
+        short_step(US_SILU);                              // SiLU * up
         read_step(F * E * ((iq4 && l < 8) ? B_Q5K : w)); // down
     }
-    short_step();            // final RMSNorm
+    short_step(US_NORM);     // final RMSNorm
     read_step(E * V * B_Q6K); // output
 }
 
@@ -85,15 +92,16 @@ static void build_27b(int iq4) {
 static void build_32b(int iq4) {
     double E = 5120, F = 25600, V = 151936, w = iq4 ? B_IQ4 : B_Q40, w5 = iq4 ? B_Q5K : B_Q40;
     for (int l = 0; l < 64; l++) {
-        short_step();
+        short_step(US_NORM);
         read_step(E * 8192 * w + E * 1024 * w + E * 1024 * w5);
-        short_step();
+        short_step(12.0f); // attention
         read_step(8192 * E * w);
-        short_step();
+        short_step(US_NORM);
         read_step(2 * E * F * w);
+        short_step(US_SILU);
         read_step(F * E * ((iq4 && l < 8) ? B_Q5K : w));
     }
-    short_step();
+    short_step(US_NORM);
     read_step(E * V * B_Q6K);
 }
 
@@ -123,6 +131,35 @@ __global__ void read_kernel(const int4 *p, size_t n, int *sink) {
 // A short-kernel stand-in: one thread counts.
 __global__ void short_kernel(int *sink) {
     if (threadIdx.x == 0) sink[1] += 1;
+}
+
+// --- L2 prefetch: the next read step's first bytes fetched while the short steps run --------------
+// prefetch.global.L2 (sm_70 PTX) asks for the line of an address in L2 and returns at once: no
+// register waits for it. One per `stride` units (2: every 32-byte sector, 8: every 128-byte line).
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+__device__ __forceinline__ void prefetch_units(const int4 *p, size_t n, int stride, size_t t, size_t T) {
+    for (size_t i = t * stride; i < n; i += T * stride) prefetch_l2(p + i);
+}
+
+// A short step that lasts `cycles` SM cycles (thread 0 of block 0 spins on clock64), whose threads
+// first prefetch units [0, npf) of pf into L2.
+__global__ void timed_short_kernel(long long cycles, const int4 *pf, size_t npf, int stride, int *sink) {
+    prefetch_units(pf, npf, stride, blockIdx.x * (size_t)blockDim.x + threadIdx.x, (size_t)gridDim.x * blockDim.x);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        long long c0 = clock64();
+        while (clock64() - c0 < cycles) {}
+        sink[1] += 1;
+    }
+}
+
+// read_kernel, then (each thread, once its reads are issued and used) a prefetch of units [0, npf)
+// of pf into L2: the next read step's first bytes, fetched over the read's tail and the launches
+// between the two.
+__global__ void read_pf_kernel(const int4 *p, size_t n, const int4 *pf, size_t npf, int stride, int *sink) {
+    size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x, T = (size_t)gridDim.x * blockDim.x;
+    unsigned acc = read_units(p, n, t, T, 0);
+    prefetch_units(pf, npf, stride, t, T);
+    if (acc == 0x12345678u) sink[0] = acc;
 }
 
 // Grid barrier: every block counts itself in (release), thread 0 waits until all have (acquire).
@@ -312,6 +349,111 @@ static void order(double copy, int n_sm) {
     CUDA_CHECK(cudaFree(sink));
 }
 
+// --- pf: the short steps' time filled with the next weights' reads ---------------------------------
+// The chain of the shape with every short step lasting as long as the engine's kernel for it, and
+// the next read step's first bytes prefetched into L2 over that time: by the short kernels
+// themselves, and/or by the read kernel before (after its own reads: over its tail and the launch
+// gaps). First, what a prefetch does on its own: K launches over K regions of R bytes each, cold.
+static double graph_time(cudaStream_t cs, int reps, void (*body)(cudaStream_t, int), int K) {
+    cudaGraph_t g;
+    CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+    for (int k = 0; k < K; k++) body(cs, k);
+    CUDA_CHECK(cudaStreamEndCapture(cs, &g));
+    return graph_ms(g, reps, cs) * 1e-3; // graph_ms destroys g
+}
+static const int4 *pf_buf;
+static int *pf_sink;
+static size_t pf_R;            // units per region
+static long long pf_spin;      // cycles of a "long" short step
+static int pf_grid, pf_stride, pf_nsm;
+static void b_read(cudaStream_t cs, int k) { read_kernel<<<pf_grid, 256, 0, cs>>>(pf_buf + k * pf_R, pf_R, pf_sink); }
+static void b_pf(cudaStream_t cs, int k) { timed_short_kernel<<<pf_nsm, 256, 0, cs>>>(0, pf_buf + k * pf_R, pf_R, pf_stride, pf_sink); }
+static void b_pf_read(cudaStream_t cs, int k) { b_pf(cs, k); b_read(cs, k); }
+static void b_spin(cudaStream_t cs, int k) { timed_short_kernel<<<pf_nsm, 256, 0, cs>>>(pf_spin, pf_buf, 0, 2, pf_sink); }
+static void b_spin_read(cudaStream_t cs, int k) { b_spin(cs, k); b_read(cs, k); }
+static void b_spinpf(cudaStream_t cs, int k) { timed_short_kernel<<<pf_nsm, 256, 0, cs>>>(pf_spin, pf_buf + k * pf_R, pf_R, pf_stride, pf_sink); }
+static void b_spinpf_read(cudaStream_t cs, int k) { b_spinpf(cs, k); b_read(cs, k); }
+
+static void prefetch_mode(const int4 *buf, size_t units, int *sink, double copy, int n_sm, int clock_khz, int n) {
+    cudaStream_t cs;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+    const int reps = 10, read_grid = 8 * n_sm;
+    double cyc_per_us = clock_khz / 1e3;
+    pf_buf = buf, pf_sink = sink, pf_grid = read_grid, pf_nsm = n_sm;
+    pf_R = (size_t)(24e6 / 16);
+    pf_spin = (long long)(15 * cyc_per_us);
+    int K = (int)std::min((size_t)40, units / pf_R);
+    printf("prefetch alone, %d regions of %.0f MB, us per region:\n", K, 16e-6 * pf_R);
+    for (pf_stride = 2; pf_stride <= 8; pf_stride *= 4) {
+        double r = graph_time(cs, reps, b_read, K) / K, p = graph_time(cs, reps, b_pf, K) / K;
+        double pr = graph_time(cs, reps, b_pf_read, K) / K, s = graph_time(cs, reps, b_spin, K) / K;
+        double sr = graph_time(cs, reps, b_spin_read, K) / K, spr = graph_time(cs, reps, b_spinpf_read, K) / K;
+        double sp = graph_time(cs, reps, b_spinpf, K) / K;
+        printf("  stride %2d B: read cold %.2f | prefetch launch %.2f | prefetch + read %.2f | spin %.2f, spin + read %.2f "
+               "| spin with prefetch %.2f, + read %.2f (read after a prefetch: %.2f)\n",
+               16 * pf_stride, r * 1e6, p * 1e6, pr * 1e6, s * 1e6, sr * 1e6, sp * 1e6, spr * 1e6, (spr - sp) * 1e6);
+    }
+
+    // the chain
+    double bytes = 16.0 * units;
+    struct { const char *name; int spin, short_k, read_pf, stride, short_blocks; } V[] = {
+        {"graph, empty short steps", 0, 0, 0, 2, 1},
+        {"timed short steps", 1, 0, 0, 2, 1},
+        {"timed, short steps prefetch 1x their time", 1, 1, 0, 2, 0},
+        {"timed, short steps prefetch 2x their time", 1, 2, 0, 2, 0},
+        {"timed, 1x, 16 blocks", 1, 1, 0, 2, 16},
+        {"timed, 1x, one per 128 B", 1, 1, 0, 8, 0},
+        {"timed, reads prefetch the gaps", 1, 0, 1, 2, 0},
+        {"timed, reads prefetch gaps + short 1x", 1, 1, 1, 2, 0},
+        {"timed, reads prefetch gaps + short 2x", 1, 2, 1, 2, 0},
+        {"timed, reads prefetch gaps + their short", 1, 0, 2, 2, 0},
+    };
+    double gap_us = 1.0, bw_units_per_us = copy / 16 / 1e6;
+    double t_short = 0;
+    for (int s = 0; s < n; s++) t_short += steps[s].n ? 0 : steps[s].us;
+    for (const auto &v : V) {
+        cudaGraph_t g;
+        CUDA_CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+        for (int s = 0; s < n; s++) {
+            const Step &c = steps[s];
+            if (c.n) {
+                size_t npf = 0;
+                const int4 *pf = buf;
+                if (v.read_pf && c.next >= 0) { // the gaps to the next read (and its short steps' time)
+                    double us = 0;
+                    for (int j = s + 1; j < c.next; j++) us += gap_us + (v.read_pf == 2 ? steps[j].us : 0);
+                    us += gap_us;
+                    npf = std::min(steps[c.next].n, (size_t)(us * bw_units_per_us));
+                    pf = buf + steps[c.next].off;
+                }
+                if (npf) read_pf_kernel<<<read_grid, 256, 0, cs>>>(buf + c.off, c.n, pf, npf, v.stride, sink);
+                else read_kernel<<<read_grid, 256, 0, cs>>>(buf + c.off, c.n, sink);
+            } else {
+                int j = s + 1;
+                while (j < n && !steps[j].n) j++;
+                size_t from = 0, npf = 0;
+                if (j < n && v.short_k) {
+                    if (v.read_pf) { // the read before already fetched the gaps' share
+                        int i = s - 1;
+                        while (i >= 0 && !steps[i].n) i--;
+                        double us = 0;
+                        for (int q = i + 1; q < j; q++) us += gap_us;
+                        from = i >= 0 ? std::min(steps[j].n, (size_t)((us + gap_us) * bw_units_per_us)) : 0;
+                    }
+                    npf = std::min(steps[j].n - from, (size_t)(v.short_k * c.us * bw_units_per_us));
+                }
+                int blocks = v.short_blocks ? v.short_blocks : n_sm;
+                long long cyc = v.spin ? (long long)(c.us * cyc_per_us) : 0;
+                timed_short_kernel<<<blocks, 256, 0, cs>>>(cyc, j < n ? buf + steps[j].off + from : buf, npf, v.stride, sink);
+            }
+        }
+        CUDA_CHECK(cudaStreamEndCapture(cs, &g));
+        double t = graph_ms(g, reps, cs) * 1e-3;
+        report(v.name, t, bytes, copy);
+    }
+    printf("  (short steps' time in the list: %.3f ms a token; SM clock taken as %.0f MHz)\n", t_short * 1e-3, cyc_per_us);
+}
+
 int main(int argc, char **argv) {
     const char *shape = argc > 1 ? argv[1] : "27b-iq4_xs";
     if (!strcmp(shape, "sizes") || !strcmp(shape, "order")) {
@@ -384,6 +526,13 @@ int main(int argc, char **argv) {
         double t = graph_ms(g, reps, cs) * 1e-3; // graph_ms destroys g
         if (only_short) printf("  graph of %d empty launches: %.2f us per launch\n", n, 1e6 * t / n);
         else report("graph (one launch per step)", t, bytes, copy);
+    }
+
+    if (argc > 2 && !strcmp(argv[2], "pf")) {
+        int clock_khz;
+        CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev));
+        prefetch_mode(buf, units_total, sink, copy, n_sm, clock_khz, n);
+        return 0;
     }
 
     // barrier / prefetch: one persistent kernel per token, 1..4 blocks of 256 threads per SM

@@ -575,6 +575,28 @@ static void test_step_order(void) {
         free(w); free(rows); free(steps);
     }
     report(bad == 0, "step order: repack_c's planes hold every sub-block at plane_g (4 fast types)", bad, 0);
+
+    // plane_list (the L2 prefetch's regions): the planes tile the tensor's bytes, and the first
+    // quarter of every plane holds all the bytes of the first quarter of the sub-blocks (plane_record
+    // reads them through a map that marks each plane's first quarter)
+    bad = 0;
+    for (int ti = 0; ti < 4; ti++) {
+        int type = types[ti], n_in = 2048, n_out = 32, n_sub = n_in / 32;
+        size_t NB = (size_t)n_sub * n_out, nbytes = row_bytes(type, n_in) * n_out, start[4], len[4];
+        int np = plane_list(type, NB, start, len);
+        size_t end = 0;
+        for (int k = 0; k < np; k++) bad += start[k] != end, end = start[k] + len[k];
+        bad += np < 2 || end != nbytes;
+        uint8_t *mark = (uint8_t *)calloc(nbytes, 1), rec[64];
+        for (int k = 0; k < np; k++) memset(mark + start[k], 1, len[k] / 4);
+        for (size_t g = 0; g < NB; g++) {
+            int n = plane_record(type, mark, NB, g, rec) - 1, in = 0; // the last byte is g % 8
+            for (int i = 0; i < n; i++) in += rec[i];
+            bad += g < NB / 4 ? in != n : in != 0;
+        }
+        free(mark);
+    }
+    report(bad == 0, "L2 prefetch: plane_list tiles the planes; a share of each is the same share of the sub-blocks", bad, 0);
 }
 
 // The decode attention's cut of the keys (att_cut, att_chunk): the promises its kernel relies on, for
