@@ -3536,13 +3536,14 @@ static int plane_list(int type, size_t NB, size_t start[4], size_t len[4]) {
 // must still be there when the next launch reads them. QWEN_PF_MB sets the size (0: none).
 static Pf g_pf;
 static double g_pf_bytes = -1;
-static int g_pf_line = 128;
+static int g_pf_line = 128, g_pf_state = 1; // QWEN_PF_LINE, and QWEN_PF_NOSTATE unset
 static void pf_next(int n, const Tensor *const *W) {
     memset(&g_pf, 0, sizeof g_pf);
     if (g_pf_bytes < 0) {
         const char *e = getenv("QWEN_PF_MB"), *l = getenv("QWEN_PF_LINE");
         g_pf_bytes = e ? atof(e) * 1e6 : 0.0;
         if (l) g_pf_line = atoi(l) > 0 ? atoi(l) : 128;
+        g_pf_state = !getenv("QWEN_PF_NOSTATE");
         int dev, l2;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
@@ -3566,9 +3567,9 @@ static void pf_next(int n, const Tensor *const *W) {
     }
 }
 // One more region for the next launch's prefetch: `bytes` from p (the DeltaNet state the kernel
-// after the in-projections reads).
+// after the in-projections reads), after pf_next.
 static void pf_add(const void *p, size_t bytes) {
-    if (g_pf_bytes <= 0 || g_pf.n >= PF_MAX || getenv("QWEN_PF_NOSTATE")) return;
+    if (g_pf_bytes <= 0 || g_pf.n >= PF_MAX || !g_pf_state) return;
     g_pf.p[g_pf.n] = (const uint8_t *)p;
     g_pf.lines[g_pf.n++] = (unsigned)(bytes / g_pf_line);
 }

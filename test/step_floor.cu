@@ -21,6 +21,8 @@
 // (test/PERF_NOTES.md, decode runs 12 and 13, have the H200's numbers).
 //
 //   make test/step_floor && test/step_floor [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0 | sizes | order]
+//   test/step_floor SHAPE pf: the chain with the short steps' real spans and L2 prefetches of the
+//   next read's bytes in them (prefetch_mode)
 //   (GPU only; not part of make test)
 
 // The engine without its main, for the benchmark's own pieces: CUDA_CHECK, measure_copy_bandwidth
@@ -420,9 +422,8 @@ static void prefetch_mode(const int4 *buf, size_t units, int *sink, double copy,
                 size_t npf = 0;
                 const int4 *pf = buf;
                 if (v.read_pf && c.next >= 0) { // the gaps to the next read (and its short steps' time)
-                    double us = 0;
-                    for (int j = s + 1; j < c.next; j++) us += gap_us + (v.read_pf == 2 ? steps[j].us : 0);
-                    us += gap_us;
+                    double us = (c.next - s) * gap_us;
+                    for (int j = s + 1; j < c.next && v.read_pf == 2; j++) us += steps[j].us;
                     npf = std::min(steps[c.next].n, (size_t)(us * bw_units_per_us));
                     pf = buf + steps[c.next].off;
                 }
@@ -436,9 +437,7 @@ static void prefetch_mode(const int4 *buf, size_t units, int *sink, double copy,
                     if (v.read_pf) { // the read before already fetched the gaps' share
                         int i = s - 1;
                         while (i >= 0 && !steps[i].n) i--;
-                        double us = 0;
-                        for (int q = i + 1; q < j; q++) us += gap_us;
-                        from = i >= 0 ? std::min(steps[j].n, (size_t)((us + gap_us) * bw_units_per_us)) : 0;
+                        from = i >= 0 ? std::min(steps[j].n, (size_t)((j - i) * gap_us * bw_units_per_us)) : 0;
                     }
                     npf = std::min(steps[j].n - from, (size_t)(v.short_k * c.us * bw_units_per_us));
                 }
