@@ -2196,32 +2196,113 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
     return b;
 }
 
-// --- L2 prefetch of the next mat-vec's weights ---------------------------------------------------
-// Between two mat-vecs of a token the DRAM has nothing to do: the first one's last warps finish,
-// the launches in between start and end (RMSNorm, the attention, the DeltaNet step: microseconds
-// of latency, almost no bytes), and only then does the next mat-vec begin to read. The weights it
-// will read do not depend on any of that, only its input does. So every mat-vec launch, once a
-// thread's own reads are done, asks L2 for the first bytes of the next mat-vec's weights
-// (prefetch.global.L2: no register waits for it, the thread ends at once), one request per line,
-// spread over the launch's threads: those bytes stream in over the launch's tail and the short
-// kernels after it, and the next mat-vec finds them in L2. Pf names them: the first `lines` lines
-// of each plane of each of the next launch's matrices (pf_next).
-// Off unless QWEN_PF_MB=N is set (N MB a launch): written for measurement and not yet timed on a
-// GPU (test/PERF_NOTES.md, "Prepared without a GPU: the L2 prefetch"); the default follows the
-// measurement. QWEN_STEP_ALL=1 also stores the IQ4_XS launches in step order, where the first bytes
-// of the planes are the first units of every warp's run.
+// --- L2 prefetch of the next mat-vec's weights, by the short kernels ------------------------------
+// Between two mat-vecs of a token the DRAM has almost nothing to do: RMSNorm, SiLU*up, the attention
+// and the DeltaNet token kernel are microseconds of latency over few bytes. The weights of the
+// mat-vec after them do not depend on any of that, only its input does. So each of those launches
+// brings extra blocks past its own (one per SM): they ask L2 for the first bytes of the next
+// mat-vec's weights (prefetch.global.L2: one request per line, no register waits for the data) and
+// leave, while the kernel's own blocks do its work; the next mat-vec finds those bytes in L2. Pf
+// names them: the first `lines` lines of each plane of each of the next launch's matrices, as many
+// bytes as DRAM delivers during the short kernel's usual span (pf_next, below).
+// Asking from the mat-vec's own threads once their reads were done measured slower (27B IQ4_XS
+// 7.44 -> 7.64 ms a token on an H100; test/PERF_NOTES.md run 22): the prefetch sat in the
+// mat-vec's tail, and from a few SMs (a short kernel's own blocks) it does not keep DRAM busy.
 #define PF_MAX 12
 typedef struct {
     const uint8_t *p[PF_MAX]; // region r: its first byte
     unsigned lines[PF_MAX];   // its length in lines of `line` bytes
     int n, line;
+    unsigned own;             // the kernel's own blocks (by blockIdx.y * gridDim.x + blockIdx.x);
+                              // the blocks past them only prefetch
 } Pf;
 
-__device__ __forceinline__ void pf_issue(const Pf &pf, unsigned t /* this thread */, unsigned T /* threads */) {
+// At the start of a short kernel: in the blocks past the kernel's own, ask L2 for Pf's lines (the
+// extra blocks' threads take every T-th line) and return true, so that the block leaves.
+__device__ __forceinline__ bool pf_block(const Pf &pf) {
+    unsigned b = blockIdx.y * gridDim.x + blockIdx.x;
+    if (b < pf.own) return false;
+    unsigned t = (b - pf.own) * blockDim.x + threadIdx.x, T = (gridDim.x * gridDim.y - pf.own) * blockDim.x;
     for (int r = 0; r < pf.n; r++)
         for (unsigned i = t; i < pf.lines[r]; i += T)
             asm volatile("prefetch.global.L2 [%0];" ::"l"(pf.p[r] + (size_t)i * pf.line));
+    return true;
 }
+
+// The planes of NB sub-blocks of a fast type (the layout of section 6): where each starts and its
+// length, in bytes. Returns how many.
+static int plane_list(int type, size_t NB, size_t start[4], size_t len[4]) {
+    start[0] = 0, len[0] = 16 * NB, start[1] = 16 * NB;
+    switch (type) {
+    case GGML_TYPE_Q4_0: len[1] = 2 * NB; return 2;
+    case GGML_TYPE_IQ4_XS: len[1] = NB; return 2;
+    case GGML_TYPE_Q5_K: len[1] = 4 * NB, start[2] = 20 * NB, len[2] = 2 * NB; return 3;
+    case GGML_TYPE_Q6_K: len[1] = 8 * NB, start[2] = 24 * NB, len[2] = 2 * NB, start[3] = 26 * NB, len[3] = NB / 4; return 4;
+    }
+    return 0;
+}
+
+// The prefetch the next short kernel makes (pf_next sets it, that kernel's launcher takes it with
+// pf_take): the first bytes of the weights of the mat-vec after it, the same share of every plane of
+// every matrix (the units a streaming launch in step order reads first, and the first rows of the
+// per-block kernel, lie at the start of every plane). How many: what DRAM delivers at QWEN_PF_GBS
+// GB/s during the short kernel's usual span `us` (PF_US_*, below), and not more than half of L2, so
+// that the lines are still there when the mat-vec reads them. Off while QWEN_PF_GBS is unset.
+#define PF_LINE 128 // bytes a request: an L2 line
+static Pf g_pf;
+static double g_pf_gbs = -1, g_pf_cap;
+// One region of the next short kernel's prefetch: the lines of `bytes` from p.
+static void pf_region(const void *p, size_t bytes) {
+    if (g_pf.n >= PF_MAX) die("L2 prefetch: more than %d regions", PF_MAX);
+    g_pf.p[g_pf.n] = (const uint8_t *)p;
+    g_pf.lines[g_pf.n++] = (unsigned)(bytes / PF_LINE);
+}
+static void pf_next(double us, int n, const Tensor *const *W) {
+    memset(&g_pf, 0, sizeof g_pf);
+    if (g_pf_gbs < 0) {
+        const char *e = getenv("QWEN_PF_GBS");
+        int dev, l2;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+        g_pf_gbs = e && atof(e) > 0 ? atof(e) : 0.0;
+        g_pf_cap = l2 / 2.0;
+    }
+    double want = us * 1e-6 * g_pf_gbs * 1e9, total = 0;
+    if (want > g_pf_cap) want = g_pf_cap;
+    if (want < PF_LINE) return;
+    for (int i = 0; i < n; i++) total += (double)W[i]->nbytes;
+    double frac = total > want ? want / total : 1.0;
+    for (int i = 0; i < n; i++) {
+        size_t start[4], len[4];
+        int np = 1;
+        if (!W[i]->dev) continue;
+        if (W[i]->planes) np = plane_list(W[i]->type, (size_t)W[i]->n_out * (W[i]->n_in / 32), start, len);
+        else start[0] = 0, len[0] = W[i]->nbytes;
+        for (int k = 0; k < np; k++) pf_region((const uint8_t *)W[i]->dev + start[k], (size_t)(frac * len[k]));
+    }
+}
+// The prefetch for a short kernel of `own` blocks, and none for the next (unless pf_next names one).
+static Pf pf_take(unsigned own) {
+    Pf pf = g_pf;
+    pf.own = own;
+    memset(&g_pf, 0, sizeof g_pf);
+    return pf;
+}
+// Blocks the kernel launches past its own for pf: one per SM, none when there is nothing to ask for.
+static unsigned pf_blocks(const Pf &pf) {
+    static int n_sm = 0;
+    if (!n_sm) {
+        int dev;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return pf.n ? (unsigned)n_sm : 0;
+}
+// The short kernels' usual spans in a token, us (H200: test/PERF_NOTES.md runs 15 and 18).
+#define PF_US_NORM 2.2 // RMSNorm, before the q/k/v or in-projections, gate/up, the output matrix
+#define PF_US_SILU 1.6 // SiLU*up, before the down projection
+#define PF_US_ATTN 12.0 // the attention, before its out-projection
+#define PF_US_GDN 6.0   // the DeltaNet token kernel, before its out-projection
 
 // --- streaming mat-vec: the fast types' mat-vecs of a token ---------------------------------------
 // One launch computes up to BATCH_MAX matrices that read the same input (q, k, v; DeltaNet's qkv, z,
@@ -2273,7 +2354,6 @@ typedef struct {
     int upw;                        // units per warp run
     StepOrder so[BATCH_MAX];        // the order of matrix m's planes (so.upw = 0: row by row; else
                                     // this launch's: upw and first_unit[m], checked at the launch)
-    Pf pf;                          // the next launch's weights, asked of L2 once a thread is done
 } MvPlan;
 
 __device__ int d_mv_flag[MV_MAX_WARPS + 1];               // per shared group (by its first inner boundary): parts in
@@ -2446,7 +2526,6 @@ __global__ void __launch_bounds__(THREADS, THREADS >= MV_SM_THREADS ? 1 : MV_SM_
         else FAST_TYPE_SWITCH(p.type[m], RUN)
 #undef RUN
     }
-    pf_issue(p.pf, blockIdx.x * THREADS + threadIdx.x, gridDim.x * THREADS);
 }
 
 // Warps of matvec_stream_kernel the GPU holds at once at 16 per SM (asked once; the shapes of 512 and
@@ -2610,10 +2689,9 @@ template <int TYPE, int R, bool LOADS_FIRST>
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
 matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */, XQ xq /* (n_sub) blocks */,
                    const float *bias /* (n_out) or NULL */, float *y /* (n_out) */, int n_sub, int n_out,
-                   int accumulate, Pf pf) {
+                   int accumulate) {
     KERNEL_TRACE(K_MV_BLOCKS);
     fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
-    pf_issue(pf, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
 }
 
 // Up to four mat-vecs on the same input in one launch (q, k, v; or DeltaNet's qkv, z, beta, alpha):
@@ -2625,7 +2703,6 @@ typedef struct {
     int type[BATCH_MAX], n_out[BATCH_MAX];
     int first_block[BATCH_MAX + 1]; // blocks before matrix i; first_block[n] = all blocks
     int n;
-    Pf pf;                          // the next launch's weights (MvPlan's)
 } MatVecBatch;
 
 __global__ void __launch_bounds__(FAST_MAX_THREADS) matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
@@ -2636,7 +2713,6 @@ __global__ void __launch_bounds__(FAST_MAX_THREADS) matvec_fast_batch_kernel(Mat
 #define ROWS(T) fast_rows<T, FAST_ROWS, true>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0)
     FAST_TYPE_SWITCH(b.type[m], ROWS)
 #undef ROWS
-    pf_issue(b.pf, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
 }
 
 // Threads per block for rows of n_sub sub-blocks: as few passes as 256 threads allow, the passes
@@ -2671,7 +2747,8 @@ static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int
 // x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
 #define NORM_THREADS 256
 __global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */, int n, float eps) {
+rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */, int n, float eps, Pf pf) {
+    if (pf_block(pf)) return; // the L2 prefetch's extra blocks
     KERNEL_TRACE(K_RMSNORM);
     int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     int quant = out.q.q && n % 32 == 0, b = blockIdx.x * nw + threadIdx.x / WARP, i = 32 * b + lane;
@@ -2707,12 +2784,13 @@ rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w
             quantize_block_warp(v, out.q, b, n / 32);
         }
     } else {
-        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) out.f[j] = x[j] * scale * w[j];
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += pf.own * blockDim.x) out.f[j] = x[j] * scale * w[j];
     }
 }
 static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float eps, cudaStream_t st) {
     int blocks = (n / 32 + NORM_THREADS / WARP - 1) / (NORM_THREADS / WARP);
-    rmsnorm_quant_kernel<<<blocks > 0 ? blocks : 1, NORM_THREADS, 0, st>>>(*out, x, w, n, eps);
+    Pf pf = pf_take(blocks > 0 ? blocks : 1);
+    rmsnorm_quant_kernel<<<pf.own + pf_blocks(pf), NORM_THREADS, 0, st>>>(*out, x, w, n, eps, pf);
     KERNEL_CHECK();
 }
 
@@ -2841,7 +2919,9 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
                        const float *gate, // (n_head, gate_stride) qwen35: out *= sigmoid(gate), or NULL
                        int gate_stride,
                        const int *pos_p,  // (1) this token's position, on the GPU
-                       int n_head, int n_kv, int hd_arg, int n_split, int chunk) {
+                       int n_head, int n_kv, int hd_arg, int n_split, int chunk,
+                       Pf pf) {           // the L2 prefetch's extra blocks: rows y >= n_split
+    if (pf_block(pf)) return;
     KERNEL_TRACE(K_ATTENTION);
     extern __shared__ uint4 smem[];
     const int hd = HD > 0 ? HD : hd_arg;
@@ -3353,7 +3433,9 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
                  const float *nw,        // (S) the gated norm's weight
                  Act out,                // (Hv, S) out: the out-projection's input
                  int *count,             // (Hk) blocks that have read k head hk's conv state; zero between launches
-                 int Hk, int Hv, float eps) {
+                 int Hk, int Hv, float eps,
+                 Pf pf) {                // the L2 prefetch's extra blocks: blocks >= Hv
+    if (pf_block(pf)) return;
     KERNEL_TRACE(K_GDN_TOKEN);
     constexpr int S = 32 * NT, R = NT, C = NT; // R rows per warp, C columns per lane
     __shared__ float qs[S], ks[S], vs[S], os[S]; // (S) this head's q, k, v and output
@@ -3467,9 +3549,10 @@ static int gdn_token_ok(int S) { return S % 32 == 0 && S <= 128; }
 static void gdn_token(float *state, float *cs, const float *mixed, const float *w, const float *z, const float *beta_raw,
                       const float *alpha_raw, const float *dt_bias, const float *ssm_a, const float *nw, const Act *out,
                       int *count, int S, int Hk, int Hv, float eps, cudaStream_t st) {
-#define TOKEN(NT)                                                                                                   \
-    gdn_token_kernel<NT><<<Hv, GDN_TOKEN_THREADS, 0, st>>>(state, cs, mixed, w, z, beta_raw, alpha_raw, dt_bias, ssm_a, nw, \
-                                                           *out, count, Hk, Hv, eps)
+    Pf pf = pf_take(Hv);
+#define TOKEN(NT)                                                                                                \
+    gdn_token_kernel<NT><<<Hv + pf_blocks(pf), GDN_TOKEN_THREADS, 0, st>>>(state, cs, mixed, w, z, beta_raw, alpha_raw, \
+                                                                           dt_bias, ssm_a, nw, *out, count, Hk, Hv, eps, pf)
     switch (S / 32) {
     case 1: TOKEN(1); break;
     case 2: TOKEN(2); break;
@@ -3482,7 +3565,9 @@ static void gdn_token(float *state, float *cs, const float *mixed, const float *
 
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy): the FFN's
 // activation after its gate and up mat-vecs. C twin: the silu_c(hb) * hb2 loop in ffn_block_cpu.
-__global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u /* (n) */, int n) {
+__global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u /* (n) */, int n,
+                                      Pf pf /* the L2 prefetch's extra blocks */) {
+    if (pf_block(pf)) return;
     KERNEL_TRACE(K_SILU_MUL);
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     float v = 0.0f;
@@ -3516,70 +3601,6 @@ static int mv_use_stream(const MvPlan *p, int n_in) {
     return 10L * p->first_unit[p->n] >= 19 * cpr * warps;
 }
 
-// The planes of NB sub-blocks of a fast type (the layout of section 6): where each starts and its
-// length, in bytes. Returns how many.
-static int plane_list(int type, size_t NB, size_t start[4], size_t len[4]) {
-    start[0] = 0, len[0] = 16 * NB, start[1] = 16 * NB;
-    switch (type) {
-    case GGML_TYPE_Q4_0: len[1] = 2 * NB; return 2;
-    case GGML_TYPE_IQ4_XS: len[1] = NB; return 2;
-    case GGML_TYPE_Q5_K: len[1] = 4 * NB, start[2] = 20 * NB, len[2] = 2 * NB; return 3;
-    case GGML_TYPE_Q6_K: len[1] = 8 * NB, start[2] = 24 * NB, len[2] = 2 * NB, start[3] = 26 * NB, len[3] = NB / 4; return 4;
-    }
-    return 0;
-}
-
-// The prefetch the next mat-vec launch makes (set by pf_next, taken by matvec / matvec_batch): the
-// first `g_pf_bytes` of the weights of the launch after it, a share of every plane of every matrix,
-// the same share of each (the units a streaming launch reads first, in step order, and the first rows
-// the per-block kernel reads lie at the start of every plane). Not more than half of L2: the lines
-// must still be there when the next launch reads them. QWEN_PF_MB sets the size (0: none).
-static Pf g_pf;
-static double g_pf_bytes = -1;
-static int g_pf_line = 128, g_pf_state = 1; // QWEN_PF_LINE, and QWEN_PF_NOSTATE unset
-static void pf_next(int n, const Tensor *const *W) {
-    memset(&g_pf, 0, sizeof g_pf);
-    if (g_pf_bytes < 0) {
-        const char *e = getenv("QWEN_PF_MB"), *l = getenv("QWEN_PF_LINE");
-        g_pf_bytes = e ? atof(e) * 1e6 : 0.0;
-        if (l) g_pf_line = atoi(l) > 0 ? atoi(l) : 128;
-        g_pf_state = !getenv("QWEN_PF_NOSTATE");
-        int dev, l2;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-        if (g_pf_bytes > l2 / 2) g_pf_bytes = l2 / 2;
-    }
-    if (g_pf_bytes <= 0) return;
-    double total = 0;
-    for (int i = 0; i < n; i++) total += (double)W[i]->nbytes;
-    double frac = total > g_pf_bytes ? g_pf_bytes / total : 1.0;
-    g_pf.line = g_pf_line;
-    for (int i = 0; i < n; i++) {
-        size_t start[4], len[4];
-        int np = 1;
-        if (!W[i]->dev) continue;
-        if (W[i]->planes) np = plane_list(W[i]->type, (size_t)W[i]->n_out * (W[i]->n_in / 32), start, len);
-        else start[0] = 0, len[0] = W[i]->nbytes;
-        for (int k = 0; k < np && g_pf.n < PF_MAX; k++) {
-            g_pf.p[g_pf.n] = (const uint8_t *)W[i]->dev + start[k];
-            g_pf.lines[g_pf.n++] = (unsigned)((frac * len[k]) / g_pf_line);
-        }
-    }
-}
-// One more region for the next launch's prefetch: `bytes` from p (the DeltaNet state the kernel
-// after the in-projections reads), after pf_next.
-static void pf_add(const void *p, size_t bytes) {
-    if (g_pf_bytes <= 0 || g_pf.n >= PF_MAX || !g_pf_state) return;
-    g_pf.p[g_pf.n] = (const uint8_t *)p;
-    g_pf.lines[g_pf.n++] = (unsigned)(bytes / g_pf_line);
-}
-// The prefetch for this launch, and none for the one after (unless pf_next names one).
-static Pf pf_take(void) {
-    Pf pf = g_pf;
-    g_pf.n = 0;
-    return pf;
-}
-
 // y = W x (+ bias) (+ y when accumulate): the fast kernel (16-bit x) for weights in planes, the
 // generic one (fp32 x) for the rest.
 static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
@@ -3590,7 +3611,6 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
         MvPlan p;
         memset(&p, 0, sizeof p);
         p.accumulate = accumulate;
-        p.pf = pf_take();
         mv_plan_add(&p, W, bias, y);
         if (mv_use_stream(&p, n_in)) {
             matvec_stream(&p, in->q, n_in, st);
@@ -3608,14 +3628,13 @@ static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, 
         int half = long_rows || W->type == GGML_TYPE_Q4_0;
         int R = half ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
 #define FAST(T)                                                                                                  \
-    if (half) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate, p.pf); \
-    else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate, p.pf)
+    if (half) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
+    else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
         FAST_TYPE_SWITCH(W->type, FAST)
 #undef FAST
         KERNEL_CHECK();
         return;
     }
-    pf_take(); // the generic kernel prefetches nothing
     const int rows_per_block = 4;
     dim3 grid((unsigned)((n_out + rows_per_block - 1) / rows_per_block)), block(rows_per_block * WARP);
     size_t stride = row_bytes(W->type, W->n_in);
@@ -3642,7 +3661,6 @@ static void matvec_batch(int n, const Tensor *const *W, const float *const *bias
     }
     MvPlan p;
     memset(&p, 0, sizeof p);
-    p.pf = pf_take();
     for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], bias[i], y[i]);
     if (mv_use_stream(&p, (int)W[0]->n_in)) {
         matvec_stream(&p, in->q, (int)W[0]->n_in, st);
@@ -3651,7 +3669,6 @@ static void matvec_batch(int n, const Tensor *const *W, const float *const *bias
     MatVecBatch b;
     memset(&b, 0, sizeof b);
     b.n = n;
-    b.pf = p.pf;
     for (int i = 0; i < n; i++) {
         if (W[i]->so.upw) die("mat-vec '%s': planes in step order, but the launch does not stream", W[i]->name);
         b.w[i] = (const uint8_t *)W[i]->dev;
@@ -3685,14 +3702,15 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
     float *y[2] = {h->f, u};
     int n_ff = (int)G->n_out;
     matvec_batch(2, W, nob, y, in, st);
-    silu_mul_quant_kernel<<<(n_ff + 255) / 256, 256, 0, st>>>(*h, u, n_ff);
+    Pf pf = pf_take((n_ff + 255) / 256);
+    silu_mul_quant_kernel<<<pf.own + pf_blocks(pf), 256, 0, st>>>(*h, u, n_ff, pf);
     KERNEL_CHECK();
 }
 
 // The attention kernel for a head dim: those of the Qwen models compiled as constants, any other
 // (tiny test models) at run time.
 typedef void (*AttKernel)(const float *, __half *, __half *, AttNew, float *, float *, int *, Act, const float *, int,
-                          const int *, int, int, int, int, int);
+                          const int *, int, int, int, int, int, Pf);
 static AttKernel att_kernel(int hd) {
     return hd == 128 ? attention_split_kernel<128> : hd == 256 ? attention_split_kernel<256> : attention_split_kernel<0>;
 }
@@ -3712,9 +3730,11 @@ static void attention(const float *q, __half *kc, __half *vc, const AttNew *cur,
     if (n_split < 1 || n_split > WARP) die("attention: %d splits per kv head (1..%d)", n_split, WARP);
     AttNew none;
     memset(&none, 0, sizeof none);
-    att_kernel(hd)<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, cur ? *cur : none, part_o, part_ml,
-                                                                   kv_done, *out, gate, gate_stride, pos, n_head, n_kv,
-                                                                   hd, n_split, chunk);
+    Pf pf = pf_take(n_kv * n_split);
+    unsigned pf_rows = (pf_blocks(pf) + n_kv - 1) / n_kv;
+    att_kernel(hd)<<<dim3(n_kv, n_split + pf_rows), ATT_THREADS, smem, st>>>(q, kc, vc, cur ? *cur : none, part_o, part_ml,
+                                                                             kv_done, *out, gate, gate_stride, pos, n_head,
+                                                                             n_kv, hd, n_split, chunk, pf);
     KERNEL_CHECK();
 }
 
@@ -5185,17 +5205,15 @@ static void attention_block_gpu(const Model *m, GpuState *s, int l) {
     // qwen35's Wq yields [q | gate] per head into qg; the attention reads q out of it
     float *qsrc = gated ? s->qg : s->q;
     const Tensor *wo = &L->wo;
-    pf_next(1, &wo);
     PROF("attn_qkv", L->wq.nbytes + L->wk.nbytes + L->wv.nbytes,
          matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb, qsrc, s->k, s->v, st));
     size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
     __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
     // RoPE (after qwen3 / qwen35's per-head norm) and the KV store at *pos inside the attention
     AttNew cur = {qsrc, gated ? 2 * hd : hd, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), c->n_rot, s->rope_cs, c->eps};
+    pf_next(PF_US_ATTN, 1, &wo);
     PROF("attention", 0, attention(NULL, kc, vc, &cur, s->part_o, s->part_ml, s->kv_done, &s->att_out,
                                    gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st));
-    const Tensor *gu[2] = {&L->w_gate, &L->w_up};
-    pf_next(2, gu);
     PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
 }
 
@@ -5241,24 +5259,22 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     const Tensor *W[4] = {&L->wqkv, &L->wz, &L->w_beta, &L->w_alpha};
     const float *nob[4] = {NULL, NULL, NULL, NULL};
     float *y[4] = {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha};
-    const Tensor *out = &L->ssm_out, *gu[2] = {&L->w_gate, &L->w_up};
-    pf_next(1, &out);
-    pf_add(gdn_ssm_state(c, s, l), (size_t)Hv * S * S * sizeof(float));
+    const Tensor *out = &L->ssm_out;
     PROF("gdn_proj", L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes,
          matvec_batch(4, W, nob, y, &s->xb, st));
     if (gdn_token_ok(S)) { // conv, norms, gates, delta rule and gated norm in one launch
+        pf_next(PF_US_GDN, 1, &out);
         PROF("gdn_token", 8.0 * Hv * S * S, gdn_token_gpu(m, s, l, st));
     } else {
         PROF("gdn_conv", 0, gdn_conv_gpu(m, s, l, st));
         PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(gdn_ssm_state(c, s, l), s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
         PROF("gdn_norm", 0, gdn_norm_gpu(m, s, l, st));
     }
-    pf_next(2, gu);
     PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
 }
 
 // The matrices that read layer l's normalized input (the output matrix past the last layer), for
-// the prefetch of the launch before them. Returns how many.
+// the prefetch of the RMSNorm before them. Returns how many.
 static int layer_inputs(const Model *m, int l, const Tensor **W /* [4] */) {
     if (l == m->c.n_layer) { W[0] = &m->w.output; return 1; }
     const LayerWeights *L = &m->w.layers[l];
@@ -5280,20 +5296,24 @@ static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     if (c->n_kv_layers)
         PROF("rope_angles", 0, (rope_angles_kernel<<<1, (c->n_rot / 2 + WARP - 1) / WARP * WARP, 0, st>>>(
                                     s->rope_cs, s->pos, c->n_rot, c->rope_base, c->rope_freq_scale), KERNEL_CHECK()));
+    // pf_next before a short kernel: the first bytes of the next mat-vec's weights that it asks L2 for
+    const Tensor *next[4];
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
+        pf_next(PF_US_NORM, layer_inputs(m, l, next), next);
         PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st));
         if (c->kind[l] == LAYER_DELTANET) deltanet_block_gpu(m, s, l);
         else attention_block_gpu(m, s, l);
         // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
+        const Tensor *gu[2] = {&L->w_gate, &L->w_up}, *down = &L->w_down;
+        pf_next(PF_US_NORM, 2, gu);
         PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st));
-        const Tensor *down = &L->w_down, *next[4];
-        pf_next(1, &down);
+        pf_next(PF_US_SILU, 1, &down); // for the SiLU*up kernel after the gate/up mat-vec
         PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes,
              ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, st));
-        pf_next(layer_inputs(m, l + 1, next), next);
         PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
     }
+    pf_next(PF_US_NORM, layer_inputs(m, c->n_layer, next), next);
     PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st));
     PROF("output", w->output.nbytes, matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st));
 }
