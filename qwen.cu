@@ -2196,114 +2196,6 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
     return b;
 }
 
-// --- L2 prefetch of the next mat-vec's weights, by the short kernels ------------------------------
-// Between two mat-vecs of a token the DRAM has almost nothing to do: RMSNorm, SiLU*up, the attention
-// and the DeltaNet token kernel are microseconds of latency over few bytes. The weights of the
-// mat-vec after them do not depend on any of that, only its input does. So each of those launches
-// brings extra blocks past its own (one per SM): they ask L2 for the first bytes of the next
-// mat-vec's weights (prefetch.global.L2: one request per line, no register waits for the data) and
-// leave, while the kernel's own blocks do its work; the next mat-vec finds those bytes in L2. Pf
-// names them: the first `lines` lines of each plane of each of the next launch's matrices, as many
-// bytes as DRAM delivers during the short kernel's usual span (pf_next, below).
-// Asking from the mat-vec's own threads once their reads were done measured slower (27B IQ4_XS
-// 7.44 -> 7.64 ms a token on an H100; test/PERF_NOTES.md run 22): the prefetch sat in the
-// mat-vec's tail, and from a few SMs (a short kernel's own blocks) it does not keep DRAM busy.
-#define PF_MAX 12
-typedef struct {
-    const uint8_t *p[PF_MAX]; // region r: its first byte
-    unsigned lines[PF_MAX];   // its length in lines of `line` bytes
-    int n, line;
-    unsigned own;             // the kernel's own blocks (by blockIdx.y * gridDim.x + blockIdx.x);
-                              // the blocks past them only prefetch
-} Pf;
-
-// At the start of a short kernel: in the blocks past the kernel's own, ask L2 for Pf's lines (the
-// extra blocks' threads take every T-th line) and return true, so that the block leaves.
-__device__ __forceinline__ bool pf_block(const Pf &pf) {
-    unsigned b = blockIdx.y * gridDim.x + blockIdx.x;
-    if (b < pf.own) return false;
-    unsigned t = (b - pf.own) * blockDim.x + threadIdx.x, T = (gridDim.x * gridDim.y - pf.own) * blockDim.x;
-    for (int r = 0; r < pf.n; r++)
-        for (unsigned i = t; i < pf.lines[r]; i += T)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(pf.p[r] + (size_t)i * pf.line));
-    return true;
-}
-
-// The planes of NB sub-blocks of a fast type (the layout of section 6): where each starts and its
-// length, in bytes. Returns how many.
-static int plane_list(int type, size_t NB, size_t start[4], size_t len[4]) {
-    start[0] = 0, len[0] = 16 * NB, start[1] = 16 * NB;
-    switch (type) {
-    case GGML_TYPE_Q4_0: len[1] = 2 * NB; return 2;
-    case GGML_TYPE_IQ4_XS: len[1] = NB; return 2;
-    case GGML_TYPE_Q5_K: len[1] = 4 * NB, start[2] = 20 * NB, len[2] = 2 * NB; return 3;
-    case GGML_TYPE_Q6_K: len[1] = 8 * NB, start[2] = 24 * NB, len[2] = 2 * NB, start[3] = 26 * NB, len[3] = NB / 4; return 4;
-    }
-    return 0;
-}
-
-// The prefetch the next short kernel makes (pf_next sets it, that kernel's launcher takes it with
-// pf_take): the first bytes of the weights of the mat-vec after it, the same share of every plane of
-// every matrix (the units a streaming launch in step order reads first, and the first rows of the
-// per-block kernel, lie at the start of every plane). How many: what DRAM delivers at QWEN_PF_GBS
-// GB/s during the short kernel's usual span `us` (PF_US_*, below), and not more than half of L2, so
-// that the lines are still there when the mat-vec reads them. Off while QWEN_PF_GBS is unset.
-#define PF_LINE 128 // bytes a request: an L2 line
-static Pf g_pf;
-static double g_pf_gbs = -1, g_pf_cap;
-// One region of the next short kernel's prefetch: the lines of `bytes` from p.
-static void pf_region(const void *p, size_t bytes) {
-    if (g_pf.n >= PF_MAX) die("L2 prefetch: more than %d regions", PF_MAX);
-    g_pf.p[g_pf.n] = (const uint8_t *)p;
-    g_pf.lines[g_pf.n++] = (unsigned)(bytes / PF_LINE);
-}
-static void pf_next(double us, int n, const Tensor *const *W) {
-    memset(&g_pf, 0, sizeof g_pf);
-    if (g_pf_gbs < 0) {
-        const char *e = getenv("QWEN_PF_GBS");
-        int dev, l2;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-        g_pf_gbs = e && atof(e) > 0 ? atof(e) : 0.0;
-        g_pf_cap = l2 / 2.0;
-    }
-    double want = us * 1e-6 * g_pf_gbs * 1e9, total = 0;
-    if (want > g_pf_cap) want = g_pf_cap;
-    if (want < PF_LINE) return;
-    for (int i = 0; i < n; i++) total += (double)W[i]->nbytes;
-    double frac = total > want ? want / total : 1.0;
-    for (int i = 0; i < n; i++) {
-        size_t start[4], len[4];
-        int np = 1;
-        if (!W[i]->dev) continue;
-        if (W[i]->planes) np = plane_list(W[i]->type, (size_t)W[i]->n_out * (W[i]->n_in / 32), start, len);
-        else start[0] = 0, len[0] = W[i]->nbytes;
-        for (int k = 0; k < np; k++) pf_region((const uint8_t *)W[i]->dev + start[k], (size_t)(frac * len[k]));
-    }
-}
-// The prefetch for a short kernel of `own` blocks, and none for the next (unless pf_next names one).
-static Pf pf_take(unsigned own) {
-    Pf pf = g_pf;
-    pf.own = own;
-    memset(&g_pf, 0, sizeof g_pf);
-    return pf;
-}
-// Blocks the kernel launches past its own for pf: one per SM, none when there is nothing to ask for.
-static unsigned pf_blocks(const Pf &pf) {
-    static int n_sm = 0;
-    if (!n_sm) {
-        int dev;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    }
-    return pf.n ? (unsigned)n_sm : 0;
-}
-// The short kernels' usual spans in a token, us (H200: test/PERF_NOTES.md runs 15 and 18).
-#define PF_US_NORM 2.2 // RMSNorm, before the q/k/v or in-projections, gate/up, the output matrix
-#define PF_US_SILU 1.6 // SiLU*up, before the down projection
-#define PF_US_ATTN 12.0 // the attention, before its out-projection
-#define PF_US_GDN 6.0   // the DeltaNet token kernel, before its out-projection
-
 // --- streaming mat-vec: the fast types' mat-vecs of a token ---------------------------------------
 // One launch computes up to BATCH_MAX matrices that read the same input (q, k, v; DeltaNet's qkv, z,
 // beta, alpha; gate and up). Rows are taken MV_ROWS at a time (a row group) and cut into chunks of
@@ -2747,8 +2639,7 @@ static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int
 // x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
 #define NORM_THREADS 256
 __global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */, int n, float eps, Pf pf) {
-    if (pf_block(pf)) return; // the L2 prefetch's extra blocks
+rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */, int n, float eps) {
     KERNEL_TRACE(K_RMSNORM);
     int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     int quant = out.q.q && n % 32 == 0, b = blockIdx.x * nw + threadIdx.x / WARP, i = 32 * b + lane;
@@ -2784,13 +2675,12 @@ rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w
             quantize_block_warp(v, out.q, b, n / 32);
         }
     } else {
-        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += pf.own * blockDim.x) out.f[j] = x[j] * scale * w[j];
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) out.f[j] = x[j] * scale * w[j];
     }
 }
 static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float eps, cudaStream_t st) {
     int blocks = (n / 32 + NORM_THREADS / WARP - 1) / (NORM_THREADS / WARP);
-    Pf pf = pf_take(blocks > 0 ? blocks : 1);
-    rmsnorm_quant_kernel<<<pf.own + pf_blocks(pf), NORM_THREADS, 0, st>>>(*out, x, w, n, eps, pf);
+    rmsnorm_quant_kernel<<<blocks > 0 ? blocks : 1, NORM_THREADS, 0, st>>>(*out, x, w, n, eps);
     KERNEL_CHECK();
 }
 
@@ -2919,9 +2809,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
                        const float *gate, // (n_head, gate_stride) qwen35: out *= sigmoid(gate), or NULL
                        int gate_stride,
                        const int *pos_p,  // (1) this token's position, on the GPU
-                       int n_head, int n_kv, int hd_arg, int n_split, int chunk,
-                       Pf pf) {           // the L2 prefetch's extra blocks: rows y >= n_split
-    if (pf_block(pf)) return;
+                       int n_head, int n_kv, int hd_arg, int n_split, int chunk) {
     KERNEL_TRACE(K_ATTENTION);
     extern __shared__ uint4 smem[];
     const int hd = HD > 0 ? HD : hd_arg;
@@ -3433,9 +3321,7 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
                  const float *nw,        // (S) the gated norm's weight
                  Act out,                // (Hv, S) out: the out-projection's input
                  int *count,             // (Hk) blocks that have read k head hk's conv state; zero between launches
-                 int Hk, int Hv, float eps,
-                 Pf pf) {                // the L2 prefetch's extra blocks: blocks >= Hv
-    if (pf_block(pf)) return;
+                 int Hk, int Hv, float eps) {
     KERNEL_TRACE(K_GDN_TOKEN);
     constexpr int S = 32 * NT, R = NT, C = NT; // R rows per warp, C columns per lane
     __shared__ float qs[S], ks[S], vs[S], os[S]; // (S) this head's q, k, v and output
@@ -3549,10 +3435,9 @@ static int gdn_token_ok(int S) { return S % 32 == 0 && S <= 128; }
 static void gdn_token(float *state, float *cs, const float *mixed, const float *w, const float *z, const float *beta_raw,
                       const float *alpha_raw, const float *dt_bias, const float *ssm_a, const float *nw, const Act *out,
                       int *count, int S, int Hk, int Hv, float eps, cudaStream_t st) {
-    Pf pf = pf_take(Hv);
-#define TOKEN(NT)                                                                                                \
-    gdn_token_kernel<NT><<<Hv + pf_blocks(pf), GDN_TOKEN_THREADS, 0, st>>>(state, cs, mixed, w, z, beta_raw, alpha_raw, \
-                                                                           dt_bias, ssm_a, nw, *out, count, Hk, Hv, eps, pf)
+#define TOKEN(NT)                                                                                                   \
+    gdn_token_kernel<NT><<<Hv, GDN_TOKEN_THREADS, 0, st>>>(state, cs, mixed, w, z, beta_raw, alpha_raw, dt_bias, ssm_a, nw, \
+                                                           *out, count, Hk, Hv, eps)
     switch (S / 32) {
     case 1: TOKEN(1); break;
     case 2: TOKEN(2); break;
@@ -3565,9 +3450,7 @@ static void gdn_token(float *state, float *cs, const float *mixed, const float *
 
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy): the FFN's
 // activation after its gate and up mat-vecs. C twin: the silu_c(hb) * hb2 loop in ffn_block_cpu.
-__global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u /* (n) */, int n,
-                                      Pf pf /* the L2 prefetch's extra blocks */) {
-    if (pf_block(pf)) return;
+__global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u /* (n) */, int n) {
     KERNEL_TRACE(K_SILU_MUL);
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     float v = 0.0f;
@@ -3702,15 +3585,14 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
     float *y[2] = {h->f, u};
     int n_ff = (int)G->n_out;
     matvec_batch(2, W, nob, y, in, st);
-    Pf pf = pf_take((n_ff + 255) / 256);
-    silu_mul_quant_kernel<<<pf.own + pf_blocks(pf), 256, 0, st>>>(*h, u, n_ff, pf);
+    silu_mul_quant_kernel<<<(n_ff + 255) / 256, 256, 0, st>>>(*h, u, n_ff);
     KERNEL_CHECK();
 }
 
 // The attention kernel for a head dim: those of the Qwen models compiled as constants, any other
 // (tiny test models) at run time.
 typedef void (*AttKernel)(const float *, __half *, __half *, AttNew, float *, float *, int *, Act, const float *, int,
-                          const int *, int, int, int, int, int, Pf);
+                          const int *, int, int, int, int, int);
 static AttKernel att_kernel(int hd) {
     return hd == 128 ? attention_split_kernel<128> : hd == 256 ? attention_split_kernel<256> : attention_split_kernel<0>;
 }
@@ -3730,11 +3612,9 @@ static void attention(const float *q, __half *kc, __half *vc, const AttNew *cur,
     if (n_split < 1 || n_split > WARP) die("attention: %d splits per kv head (1..%d)", n_split, WARP);
     AttNew none;
     memset(&none, 0, sizeof none);
-    Pf pf = pf_take(n_kv * n_split);
-    unsigned pf_rows = (pf_blocks(pf) + n_kv - 1) / n_kv;
-    att_kernel(hd)<<<dim3(n_kv, n_split + pf_rows), ATT_THREADS, smem, st>>>(q, kc, vc, cur ? *cur : none, part_o, part_ml,
-                                                                             kv_done, *out, gate, gate_stride, pos, n_head,
-                                                                             n_kv, hd, n_split, chunk, pf);
+    att_kernel(hd)<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, cur ? *cur : none, part_o, part_ml,
+                                                                   kv_done, *out, gate, gate_stride, pos, n_head, n_kv,
+                                                                   hd, n_split, chunk);
     KERNEL_CHECK();
 }
 
@@ -4926,7 +4806,7 @@ static void step_order_group(int n, Tensor *const *W) {
             if (is_fast_type(W[i]->type)) step_order_group(1, &W[i]);
         return;
     }
-    if (!any_iq4 || getenv("QWEN_STEP_ALL")) step_order_set(n, W); // QWEN_STEP_ALL: the L2 prefetch's measurement
+    if (!any_iq4) step_order_set(n, W);
 }
 static void step_order_plan(Model *m) {
     Weights *w = &m->w;
@@ -5204,14 +5084,12 @@ static void attention_block_gpu(const Model *m, GpuState *s, int l) {
     size_t kvdim = (size_t)c->n_head_kv * hd;
     // qwen35's Wq yields [q | gate] per head into qg; the attention reads q out of it
     float *qsrc = gated ? s->qg : s->q;
-    const Tensor *wo = &L->wo;
     PROF("attn_qkv", L->wq.nbytes + L->wk.nbytes + L->wv.nbytes,
          matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb, qsrc, s->k, s->v, st));
     size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
     __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
     // RoPE (after qwen3 / qwen35's per-head norm) and the KV store at *pos inside the attention
     AttNew cur = {qsrc, gated ? 2 * hd : hd, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), c->n_rot, s->rope_cs, c->eps};
-    pf_next(PF_US_ATTN, 1, &wo);
     PROF("attention", 0, attention(NULL, kc, vc, &cur, s->part_o, s->part_ml, s->kv_done, &s->att_out,
                                    gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st));
     PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
@@ -5259,11 +5137,9 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     const Tensor *W[4] = {&L->wqkv, &L->wz, &L->w_beta, &L->w_alpha};
     const float *nob[4] = {NULL, NULL, NULL, NULL};
     float *y[4] = {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha};
-    const Tensor *out = &L->ssm_out;
     PROF("gdn_proj", L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes,
          matvec_batch(4, W, nob, y, &s->xb, st));
     if (gdn_token_ok(S)) { // conv, norms, gates, delta rule and gated norm in one launch
-        pf_next(PF_US_GDN, 1, &out);
         PROF("gdn_token", 8.0 * Hv * S * S, gdn_token_gpu(m, s, l, st));
     } else {
         PROF("gdn_conv", 0, gdn_conv_gpu(m, s, l, st));
@@ -5271,19 +5147,6 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
         PROF("gdn_norm", 0, gdn_norm_gpu(m, s, l, st));
     }
     PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
-}
-
-// The matrices that read layer l's normalized input (the output matrix past the last layer), for
-// the prefetch of the RMSNorm before them. Returns how many.
-static int layer_inputs(const Model *m, int l, const Tensor **W /* [4] */) {
-    if (l == m->c.n_layer) { W[0] = &m->w.output; return 1; }
-    const LayerWeights *L = &m->w.layers[l];
-    if (m->c.kind[l] == LAYER_DELTANET) {
-        W[0] = &L->wqkv, W[1] = &L->wz, W[2] = &L->w_beta, W[3] = &L->w_alpha;
-        return 4;
-    }
-    W[0] = &L->wq, W[1] = &L->wk, W[2] = &L->wv;
-    return 3;
 }
 
 // The device work for one token, enqueued on the stream (captured into the graph, or run directly
@@ -5296,24 +5159,17 @@ static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     if (c->n_kv_layers)
         PROF("rope_angles", 0, (rope_angles_kernel<<<1, (c->n_rot / 2 + WARP - 1) / WARP * WARP, 0, st>>>(
                                     s->rope_cs, s->pos, c->n_rot, c->rope_base, c->rope_freq_scale), KERNEL_CHECK()));
-    // pf_next before a short kernel: the first bytes of the next mat-vec's weights that it asks L2 for
-    const Tensor *next[4];
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
-        pf_next(PF_US_NORM, layer_inputs(m, l, next), next);
         PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st));
         if (c->kind[l] == LAYER_DELTANET) deltanet_block_gpu(m, s, l);
         else attention_block_gpu(m, s, l);
         // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
-        const Tensor *gu[2] = {&L->w_gate, &L->w_up}, *down = &L->w_down;
-        pf_next(PF_US_NORM, 2, gu);
         PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st));
-        pf_next(PF_US_SILU, 1, &down); // for the SiLU*up kernel after the gate/up mat-vec
         PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes,
              ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, st));
         PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
     }
-    pf_next(PF_US_NORM, layer_inputs(m, c->n_layer, next), next);
     PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st));
     PROF("output", w->output.nbytes, matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st));
 }

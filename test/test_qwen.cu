@@ -575,28 +575,6 @@ static void test_step_order(void) {
         free(w); free(rows); free(steps);
     }
     report(bad == 0, "step order: repack_c's planes hold every sub-block at plane_g (4 fast types)", bad, 0);
-
-    // plane_list (the L2 prefetch's regions): the planes tile the tensor's bytes, and the first
-    // quarter of every plane holds all the bytes of the first quarter of the sub-blocks (plane_record
-    // reads them through a map that marks each plane's first quarter)
-    bad = 0;
-    for (int ti = 0; ti < 4; ti++) {
-        int type = types[ti], n_in = 2048, n_out = 32, n_sub = n_in / 32;
-        size_t NB = (size_t)n_sub * n_out, nbytes = row_bytes(type, n_in) * n_out, start[4], len[4];
-        int np = plane_list(type, NB, start, len);
-        size_t end = 0;
-        for (int k = 0; k < np; k++) bad += start[k] != end, end = start[k] + len[k];
-        bad += np < 2 || end != nbytes;
-        uint8_t *mark = (uint8_t *)calloc(nbytes, 1), rec[64];
-        for (int k = 0; k < np; k++) memset(mark + start[k], 1, len[k] / 4);
-        for (size_t g = 0; g < NB; g++) {
-            int n = plane_record(type, mark, NB, g, rec) - 1, in = 0; // the last byte is g % 8
-            for (int i = 0; i < n; i++) in += rec[i];
-            bad += g < NB / 4 ? in != n : in != 0;
-        }
-        free(mark);
-    }
-    report(bad == 0, "L2 prefetch: plane_list tiles the planes; a share of each is the same share of the sub-blocks", bad, 0);
 }
 
 // The decode attention's cut of the keys (att_cut, att_chunk): the promises its kernel relies on, for
@@ -2663,8 +2641,7 @@ static void test_gpu_small_kernels(void) {
         h.f = (float *)dcopy(a, sizeof a);
         h.q = upload_junk_xq(n);
         float *db = (float *)dcopy(b, sizeof b);
-        Pf none = pf_take((n + 255) / 256);
-        silu_mul_quant_kernel<<<none.own + pf_blocks(none), 256>>>(h, db, n, none);
+        silu_mul_quant_kernel<<<(n + 255) / 256, 256>>>(h, db, n);
         KERNEL_CHECK();
         CUDA_CHECK(cudaMemcpy(a, h.f, sizeof a, cudaMemcpyDeviceToHost));
         double e = 0;
@@ -2674,109 +2651,6 @@ static void test_gpu_small_kernels(void) {
         free_hxq(&gq); free_hxq(&wq); free_xq(h.q); cudaFree(h.f); cudaFree(db);
     }
 }
-// The L2 prefetch's extra blocks (past a short kernel's own: they ask L2 for lines and leave) change
-// nothing: each short kernel, launched without them and then with them (a 3 MB region, more lines
-// than the extra blocks have threads, so each thread loops), writes the same bits. (The DeltaNet
-// token kernel's extra blocks are checked end to end: the decode's KL tests with QWEN_PF_GBS set.)
-static int same_dev(const void *a, const void *b, size_t n) {
-    uint8_t *x = (uint8_t *)xmalloc(n), *y = (uint8_t *)xmalloc(n);
-    CUDA_CHECK(cudaMemcpy(x, a, n, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(y, b, n, cudaMemcpyDeviceToHost));
-    int same = !memcmp(x, y, n);
-    free(x); free(y);
-    return same;
-}
-static int same_act(const Act *a, const Act *b, int n) {
-    int same = same_dev(a->f, b->f, (size_t)n * 4);
-    if (a->q.q) {
-        HostXQ x = download_xq(a->q, n), y = download_xq(b->q, n);
-        same &= same_xq(&x, &y);
-        free_hxq(&x); free_hxq(&y);
-    }
-    return same;
-}
-static void test_gpu_prefetch_blocks(void) {
-    const char *names[] = {"gpu L2 prefetch blocks: rmsnorm_quant (with and without the 16-bit copy) writes the same bits",
-                           "gpu L2 prefetch blocks: silu_mul_quant writes the same bits",
-                           "gpu L2 prefetch blocks: attention (4 splits, 2 kv heads) writes the same bits"};
-    if (SKIP_ALL_WITHOUT_GPU(names)) return;
-    const size_t region = 3 << 20;
-    void *buf = dcopy(NULL, region);
-    CUDA_CHECK(cudaMemset(buf, 0, region));
-    {
-        const int n = 5120;
-        float x[n], w[n];
-        random_act(x, n);
-        for (int i = 0; i < n; i++) w[i] = 1 + nrand() * 0.1f;
-        float *dx = (float *)dcopy(x, sizeof x), *dw = (float *)dcopy(w, sizeof w);
-        int same = 1;
-        for (int quant = 0; quant < 2; quant++) {
-            Act o[2];
-            for (int k = 0; k < 2; k++) {
-                memset(&o[k], 0, sizeof o[k]);
-                o[k].f = (float *)dcopy(NULL, sizeof x);
-                CUDA_CHECK(cudaMemset(o[k].f, 0xff, sizeof x));
-                if (quant) o[k].q = upload_junk_xq(n);
-                if (k) pf_region(buf, region);
-                rmsnorm_quant(&o[k], dx, dw, n, 1e-6f, 0);
-            }
-            same &= same_act(&o[0], &o[1], n);
-            for (int k = 0; k < 2; k++) { cudaFree(o[k].f); if (quant) free_xq(o[k].q); }
-        }
-        check(same, names[0]);
-        cudaFree(dx); cudaFree(dw);
-    }
-    {
-        const int n = 17408;
-        float *a = (float *)xmalloc(n * 4), *b = (float *)xmalloc(n * 4);
-        for (int i = 0; i < n; i++) { a[i] = nrand() * 4; b[i] = nrand(); }
-        float *db = (float *)dcopy(b, n * 4u);
-        Act h[2];
-        for (int k = 0; k < 2; k++) {
-            h[k].f = (float *)dcopy(a, n * 4u);
-            h[k].q = upload_junk_xq(n);
-            Pf pf;
-            if (k) pf_region(buf, region);
-            pf = pf_take((n + 255) / 256);
-            silu_mul_quant_kernel<<<pf.own + pf_blocks(pf), 256>>>(h[k], db, n, pf);
-            KERNEL_CHECK();
-        }
-        int same = same_act(&h[0], &h[1], n);
-        check(same, names[1]);
-        for (int k = 0; k < 2; k++) { cudaFree(h[k].f); free_xq(h[k].q); }
-        cudaFree(db); free(a); free(b);
-    }
-    {
-        const int n_head = 4, n_kv = 2, hd = 128, n_ctx = 512, n_split = 4, pos = 300;
-        attention_setup(n_head, n_kv, hd);
-        size_t csz = (size_t)n_ctx * n_kv * hd;
-        __half *hk = (__half *)xmalloc(csz * 2);
-        for (size_t i = 0; i < csz; i++) hk[i] = __float2half(nrand());
-        float q[n_head * hd];
-        for (int i = 0; i < n_head * hd; i++) q[i] = nrand() * 2;
-        __half *dk = (__half *)dcopy(hk, csz * 2);
-        for (size_t i = 0; i < csz; i++) hk[i] = __float2half(nrand());
-        __half *dv = (__half *)dcopy(hk, csz * 2);
-        float *dq = (float *)dcopy(q, sizeof q), *po = (float *)dcopy(NULL, (size_t)n_head * n_split * hd * 4);
-        float *pml = (float *)dcopy(NULL, (size_t)n_head * n_split * 8);
-        int *dpos = (int *)dcopy(&pos, 4), *kv_done = (int *)dcopy(NULL, n_kv * 4);
-        CUDA_CHECK(cudaMemset(kv_done, 0, n_kv * 4));
-        Act o[2];
-        for (int k = 0; k < 2; k++) {
-            o[k].f = (float *)dcopy(NULL, sizeof q);
-            o[k].q = upload_junk_xq(n_head * hd);
-            if (k) pf_region(buf, region);
-            attention(dq, dk, dv, NULL, po, pml, kv_done, &o[k], NULL, 0, dpos, n_head, n_kv, hd, n_split, 0);
-        }
-        int same = same_act(&o[0], &o[1], n_head * hd);
-        check(same, names[2]);
-        for (int k = 0; k < 2; k++) { cudaFree(o[k].f); free_xq(o[k].q); }
-        cudaFree(dk); cudaFree(dv); cudaFree(dq); cudaFree(po); cudaFree(pml); cudaFree(dpos); cudaFree(kv_done);
-        free(hk);
-    }
-    cudaFree(buf);
-}
-
 // The delta rule over T rows in one launch (a prompt's layout: 8 or 16 lanes per state row, 2 rows
 // per lane group) against gdn_step_c token by token: every output row and the final state.
 static void test_gpu_deltanet_rows(void) {
@@ -3364,7 +3238,6 @@ int main(int argc, char **argv) {
     }
     g_mv_mode = MV_AUTO;
     test_gpu_small_kernels();
-    test_gpu_prefetch_blocks();
     test_gpu_deltanet();
     test_gpu_deltanet_rows();
     test_gpu_matmul();
