@@ -61,6 +61,8 @@ static void short_step(float us) { steps[n_steps++] = Step{0, 0, -1, us}; }
 #define US_SILU 1.56f
 #define US_CONV 2.0f
 #define US_GNORM 2.5f
+#define US_ATT_27B 14.1f // the attention (RoPE folded): 27B's hd 256, 32B's hd 128
+#define US_ATT_32B 12.0f
 
 // Qwen3.6-27B (qwen35): 64 layers, every 4th gated attention, the others Gated DeltaNet; hidden
 // 5120, FFN 17408, vocabulary 248320. iq4 = 1: the IQ4_XS mix (Q5_K DeltaNet qkv, attn_v, ffn_down
@@ -71,7 +73,7 @@ static void build_27b(int iq4) {
         short_step(US_NORM); // RMSNorm
         if (l % 4 == 3) {
             read_step(E * 12288 * w + E * 1024 * w + E * 1024 * w5); // q+gate, k, v
-            short_step(14.1f);                                      // attention (RoPE folded)
+            short_step(US_ATT_27B);                                 // attention (RoPE folded)
             read_step(6144 * E * w);                                 // attn_output
         } else {
             read_step(E * 10240 * w5 + E * 6144 * w + 2 * E * 48 * w); // qkv, z, alpha, beta
@@ -96,7 +98,7 @@ static void build_32b(int iq4) {
     for (int l = 0; l < 64; l++) {
         short_step(US_NORM);
         read_step(E * 8192 * w + E * 1024 * w + E * 1024 * w5);
-        short_step(12.0f); // attention
+        short_step(US_ATT_32B); // attention
         read_step(8192 * E * w);
         short_step(US_NORM);
         read_step(2 * E * F * w);
@@ -470,7 +472,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(shape, "32b-iq4_xs")) build_32b(1);
     else if (!strcmp(shape, "32b-q4_0")) build_32b(0);
     else {
-        fprintf(stderr, "usage: %s [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0 | sizes | order]\n", argv[0]);
+        fprintf(stderr, "usage: %s [27b-iq4_xs | 27b-q4_0 | 32b-iq4_xs | 32b-q4_0 [pf] | sizes | order]\n", argv[0]);
         return 2;
     }
     int n = n_steps, n_read = 0;
