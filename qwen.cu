@@ -1507,18 +1507,6 @@ static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
 
 #define WARP 32
 
-// The kernels of the fast decode path begin with KERNEL_TRACE(id): empty here. test/trace_token.cu
-// defines it to log every warp's entry and exit on the GPU's global timer, a per-warp timeline of
-// one token.
-enum { K_MV_STREAM = 1, K_MV_BLOCKS, K_MV_BATCH, K_RMSNORM, K_ROPE_ANGLES, K_ATTENTION, K_GDN_TOKEN, K_SILU_MUL };
-#ifndef KERNEL_TRACE
-#define KERNEL_TRACE(id)
-#endif
-// KERNEL_MARK(i) (i = 1..8) inside a traced kernel: the time a warp reaches point i (empty here).
-#ifndef KERNEL_MARK
-#define KERNEL_MARK(i)
-#endif
-
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -2407,7 +2395,6 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 // output matrix): each gets a register allocation of its own. TYPE = -1: any mix of the fast types.
 template <int TYPE, bool STEP, int THREADS>
 __global__ void __launch_bounds__(THREADS, THREADS >= MV_SM_THREADS ? 1 : MV_SM_THREADS / THREADS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
-    KERNEL_TRACE(K_MV_STREAM);
     int warp = (blockIdx.x * THREADS + threadIdx.x) / WARP;
     int a = warp * p.upw, b = min(a + p.upw, p.first_unit[p.n]);
     for (int m = 0; m < p.n; m++) { // the run's piece of each matrix
@@ -2582,7 +2569,6 @@ __global__ void __launch_bounds__(FAST_MAX_THREADS)
 matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */, XQ xq /* (n_sub) blocks */,
                    const float *bias /* (n_out) or NULL */, float *y /* (n_out) */, int n_sub, int n_out,
                    int accumulate) {
-    KERNEL_TRACE(K_MV_BLOCKS);
     fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
 }
 
@@ -2598,7 +2584,6 @@ typedef struct {
 } MatVecBatch;
 
 __global__ void __launch_bounds__(FAST_MAX_THREADS) matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
-    KERNEL_TRACE(K_MV_BATCH);
     int m = 0;
     while (m + 1 < b.n && (int)blockIdx.x >= b.first_block[m + 1]) m++;
     int row0 = ((int)blockIdx.x - b.first_block[m]) * FAST_ROWS;
@@ -2640,7 +2625,6 @@ static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int
 #define NORM_THREADS 256
 __global__ void __launch_bounds__(NORM_THREADS)
 rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */, int n, float eps) {
-    KERNEL_TRACE(K_RMSNORM);
     int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     int quant = out.q.q && n % 32 == 0, b = blockIdx.x * nw + threadIdx.x / WARP, i = 32 * b + lane;
     float xi = 0.0f, wi = 0.0f;
@@ -2664,9 +2648,7 @@ rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w
     } else {
         for (int j = threadIdx.x; j < n; j += blockDim.x) ss += x[j] * x[j];
     }
-    KERNEL_MARK(1);
     ss = block_sum(ss);
-    KERNEL_MARK(2);
     float scale = rsqrtf(ss / n + eps);
     if (quant) {
         if (b < n / 32) {
@@ -2705,18 +2687,10 @@ static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float
 // halves of K, as many of V), a multiple of 8 (the score rows are read as float4s; 256: 32)
 static int att_chunk(int hd) { return hd <= 128 ? 64 : 8192 / hd / 8 * 8; }
 // Most splits per kv head for a cache of n_ctx keys: one chunk each up to 32 chunks, then longer
-// splits, so the merge reads at most 32 partial states per head, one per lane of a warp. (Fewer,
-// longer splits measured slower at 2048 keys: 8 and 16 splits per head against 32 on the H200,
-// test/PERF_NOTES.md.) QWEN_ATT_SPLITS=N (1..32) overrides it, for measurement.
+// splits, so that the merge reads at most 32 partial states per head, one per lane of a warp.
 static int att_splits(int n_ctx, int hd) {
-    static int cap = 0;
-    if (!cap) {
-        const char *e = getenv("QWEN_ATT_SPLITS");
-        cap = e && atoi(e) > 0 ? atoi(e) : WARP;
-        if (cap > WARP) cap = WARP;
-    }
     int chunks = (n_ctx + att_chunk(hd) - 1) / att_chunk(hd);
-    return chunks < cap ? chunks : cap;
+    return chunks < WARP ? chunks : WARP;
 }
 #define ATT_MAX_OUT 8     // outputs per thread: g * head_dim <= 2048
 #define ATT_STAGE 4       // 16-byte K (and V) loads per thread and chunk: chunk * hd / 8 <= 4 * ATT_THREADS
@@ -2748,7 +2722,6 @@ typedef struct {
 // n_rot / 2 threads.
 __global__ void rope_angles_kernel(float2 *cs /* (n_rot/2) cos, sin */, const int *pos_p /* (1) */, int n_rot, float base,
                                    float freq_scale) {
-    KERNEL_TRACE(K_ROPE_ANGLES);
     int i = threadIdx.x;
     if (i < n_rot / 2) cs[i] = rope_angle(*pos_p, i, n_rot, base, freq_scale);
 }
@@ -2810,7 +2783,6 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
                        int gate_stride,
                        const int *pos_p,  // (1) this token's position, on the GPU
                        int n_head, int n_kv, int hd_arg, int n_split, int chunk) {
-    KERNEL_TRACE(K_ATTENTION);
     extern __shared__ uint4 smem[];
     const int hd = HD > 0 ? HD : hd_arg;
     int j = blockIdx.x, split = blockIdx.y, pos = *pos_p;
@@ -2909,7 +2881,6 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
             ((__half2 *)(kc + ((size_t)pos * n_kv + j) * hd))[threadIdx.x] = kk;
         }
     }
-    KERNEL_MARK(1);
     if (threadIdx.x < g) { mh[threadIdx.x] = -INFINITY; lh[threadIdx.x] = 0.0f; }
     // Output pairs: slot k of a thread holds dims (d, d+1) of head hh for pair p = threadIdx.x + k *
     // ATT_THREADS (element 2p of the g heads' outputs); its offsets are fixed for the whole block.
@@ -2943,7 +2914,6 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
         }
         __syncthreads();
         if (c + 1 < c_end) att_rows_load(kr, vr, kc, vc, (c + 1) * ck, ATT_CACHE_ROWS(c + 1), n_kv, j, hd);
-        KERNEL_MARK(2);
         // scores: one thread per (head, key) pair, 8 dims per step (one 16-byte K load, two of q),
         // four partial sums so the FMAs do not wait on each other
         for (int i = threadIdx.x; i < g * nt; i += ATT_THREADS) {
@@ -2964,7 +2934,6 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
             ps[hh * chunk + t] = ((s0 + s1) + (s2 + s3)) * scale;
         }
         __syncthreads();
-        KERNEL_MARK(3);
         // the running softmax state per head: one warp per head
         for (int hh = wid; hh < g; hh += nw) {
             float m = mh[hh];
@@ -3012,7 +2981,6 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
         }
     }
 #undef ATT_CACHE_ROWS
-    KERNEL_MARK(4);
     if (threadIdx.x < g) {
         size_t idx = ((size_t)(j * g + threadIdx.x) * n_split + split) * 2;
         part_ml[idx] = mh[threadIdx.x];
@@ -3027,11 +2995,9 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
     //   m = max m_s,  out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m)
     __shared__ int last;
     __threadfence();
-    KERNEL_MARK(5);
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(&kv_done[j], 1) == ns - 1;
     __syncthreads();
-    KERNEL_MARK(6);
     if (!last) return;
     __threadfence();
     // weights e^(m_s - m) / l per head and split in shared memory (the K/V staging area): one warp
@@ -3045,7 +3011,6 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
         if (lane < ns) wts[hh * ns + lane] = e / l;
     }
     __syncthreads();
-    KERNEL_MARK(7);
     // Merged outputs, 4 consecutive dims per thread slot: quad qd = threadIdx.x + k * ATT_THREADS of
     // the g*hd/4 (16-byte loads of the partial outputs; index arithmetic once, outside the rounds).
     // Per slot, ATT_MERGE_DEPTH splits per round, every load of the round issued before the first
@@ -3086,7 +3051,6 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
     for (int k = 0; k < NQ; k++)
         if (q_head[k] >= 0) *(float4 *)(mo + q_head[k] * hd + q_dim[k]) = om[k];
     __syncthreads();
-    KERNEL_MARK(8);
     int nb = n_head * hd / 32;
 #pragma unroll
     for (int k = 0; k < ATT_MAX_OUT; k++) {
@@ -3322,7 +3286,6 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
                  Act out,                // (Hv, S) out: the out-projection's input
                  int *count,             // (Hk) blocks that have read k head hk's conv state; zero between launches
                  int Hk, int Hv, float eps) {
-    KERNEL_TRACE(K_GDN_TOKEN);
     constexpr int S = 32 * NT, R = NT, C = NT; // R rows per warp, C columns per lane
     __shared__ float qs[S], ks[S], vs[S], os[S]; // (S) this head's q, k, v and output
     __shared__ float part[2][32]; // part[0][0..1]: |q|^2, |k|^2; part[1][w]: warp w's sum of o^2
@@ -3357,7 +3320,6 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         }
     }
     if (t == 0) gdn_gates(hv, beta_raw, alpha_raw, dt_bias, ssm_a, &gate[0], &gate[1]);
-    KERNEL_MARK(1);
     __syncthreads(); // every read of the conv state is done: count this block in (its answer is
     int arrived = 0; // waited for only at the end, so the round trip overlaps the delta rule)
     if (t == 0) {
@@ -3373,7 +3335,6 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         if (lane == 0) part[0][wid] = ss;
     }
     __syncthreads();
-    KERNEL_MARK(2);
     // 3. the delta rule (gdn_rule, 32 lanes per row)
     float qinv = 1.0f / fmaxf(sqrtf(part[0][0]), eps), kinv = 1.0f / fmaxf(sqrtf(part[0][1]), eps);
     float qq[C], kk[C], decay = __expf(gate[0]), beta = gate[1];
@@ -3384,7 +3345,6 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
     }
     float oq[R];
     gdn_rule<R, C, WARP>(m, qq, kk, vs + j0, decay, beta, oq);
-    KERNEL_MARK(3);
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -3395,7 +3355,6 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
             if (lane == r) os[j0 + r] = oq[r] * rsqrtf((float)S);
     }
     __syncthreads();
-    KERNEL_MARK(4);
     // 4. gated RMSNorm of o (warps 0 .. NT-1 hold its S values) and the 16-bit copy; thread 0 learns
     // whether this block was the last of k head hk to count in
     float v = 0.0f;
@@ -3412,7 +3371,6 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         }
     }
     __syncthreads();
-    KERNEL_MARK(5);
     if (wid < NT) {
         float ss = 0.0f;
 #pragma unroll
@@ -3451,7 +3409,6 @@ static void gdn_token(float *state, float *cs, const float *mixed, const float *
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy): the FFN's
 // activation after its gate and up mat-vecs. C twin: the silu_c(hb) * hb2 loop in ffn_block_cpu.
 __global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u /* (n) */, int n) {
-    KERNEL_TRACE(K_SILU_MUL);
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     float v = 0.0f;
     if (i < n) {
@@ -3464,21 +3421,16 @@ __global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u
 
 // --- host launchers -------------------------------------------------------------------------------
 
-// Which fast mat-vec kernel a plan takes. The streaming kernel pays off when a warp's run holds
-// about two whole row groups on average (1.9 or more, counted for a grid of 16 warps per SM,
-// mv_grid_warps, whatever block shape the launch then takes): measured on the H200, it streams the
-// output matrix at 91-96 % of the copy bandwidth (the per-block kernel: 73 %), gate/up faster and the 27B's
-// DeltaNet projections (1.95 groups a run) 0.4-0.5 % of a token faster; a shorter run is a chain of
-// memory latencies whose groups are shared between warps, and there the per-block kernels are
-// faster (ffn_down, the attention projections, ssm_out; test/PERF_NOTES.md).
-// QWEN_MV=stream or QWEN_MV=blocks forces one kernel (measurement; the tests run both).
+// Which fast mat-vec kernel a plan takes. Both exist because each is the faster one for part of
+// a token's launches: the streaming kernel for long runs (a warp's run holds about two whole row
+// groups or more: gate/up, the DeltaNet in-projections, the output matrix), the per-block kernel
+// for short ones, where the streaming kernel's runs become chains of memory latencies whose groups
+// warps share (ffn_down, the attention projections, ssm_out). Streaming everything measured
+// 2.6-5.2 % slower a token (test/PERF_NOTES.md, "Decode"). The runs are counted for a grid of 16
+// warps per SM (mv_grid_warps), whatever block shape the launch then takes.
 enum { MV_AUTO, MV_STREAM, MV_BLOCKS };
-static int g_mv_mode = -1;
+static int g_mv_mode = MV_AUTO; // MV_STREAM / MV_BLOCKS force one kernel: the tests run both
 static int mv_use_stream(const MvPlan *p, int n_in) {
-    if (g_mv_mode < 0) {
-        const char *e = getenv("QWEN_MV");
-        g_mv_mode = e && !strcmp(e, "stream") ? MV_STREAM : e && !strcmp(e, "blocks") ? MV_BLOCKS : MV_AUTO;
-    }
     if (g_mv_mode != MV_AUTO) return g_mv_mode == MV_STREAM;
     long cpr = (n_in / 32 + WARP - 1) / WARP, warps = mv_grid_warps();
     return 10L * p->first_unit[p->n] >= 19 * cpr * warps;
@@ -5053,46 +5005,28 @@ static void gpu_state_free(GpuState *s) {
 
 #define DEV(t) ((const float *)(t).dev) // an uploaded f32 vector (norm weight or bias), or NULL
 
-// --- optional per-kernel timing (qwen --bench): CUDA events around each launch of one forward pass
-typedef struct {
-    const char *name;
-    double bytes;
-    cudaEvent_t start, stop;
-} ProfMark;
-static ProfMark *g_prof = NULL; // non-NULL while a pass is being profiled
-static int g_prof_n = 0, g_prof_cap = 0;
-static void prof_begin(cudaStream_t st, const char *name, double bytes) {
-    if (!g_prof || g_prof_n >= g_prof_cap) return;
-    ProfMark *p = &g_prof[g_prof_n];
-    p->name = name;
-    p->bytes = bytes;
-    CUDA_CHECK(cudaEventRecord(p->start, st));
-}
-static void prof_end(cudaStream_t st) {
-    if (!g_prof || g_prof_n >= g_prof_cap) return;
-    CUDA_CHECK(cudaEventRecord(g_prof[g_prof_n++].stop, st));
-}
-#define PROF(name, bytes, launch) do { prof_begin(st, name, bytes); launch; prof_end(st); } while (0)
+// --- one token: the layer loop --------------------------------------------------------------------
 
-// Attention layer l of one token: the q/k/v mat-vecs in one launch, then RoPE, KV store and
-// attention in one, then Wo added into s->x.
+// Attention layer l: x = x + Wo attn(q, k, v): the q/k/v mat-vecs in one launch, then the
+// attention with this token's per-head norm, RoPE and KV store folded in, then Wo added into s->x.
+// Twin: attention_block_cpu.
 static void attention_block_gpu(const Model *m, GpuState *s, int l) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
     cudaStream_t st = s->stream;
     int hd = c->head_dim, gated = c->arch == ARCH_QWEN35;
     size_t kvdim = (size_t)c->n_head_kv * hd;
-    // qwen35's Wq yields [q | gate] per head into qg; the attention reads q out of it
-    float *qsrc = gated ? s->qg : s->q;
-    PROF("attn_qkv", L->wq.nbytes + L->wk.nbytes + L->wv.nbytes,
-         matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb, qsrc, s->k, s->v, st));
+    float *qsrc = gated ? s->qg : s->q; // qwen35's Wq yields [q | gate] per head into qg
+    matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb, qsrc, s->k,
+               s->v, st);
     size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
     __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
-    // RoPE (after qwen3 / qwen35's per-head norm) and the KV store at *pos inside the attention
-    AttNew cur = {qsrc, gated ? 2 * hd : hd, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), c->n_rot, s->rope_cs, c->eps};
-    PROF("attention", 0, attention(NULL, kc, vc, &cur, s->part_o, s->part_ml, s->kv_done, &s->att_out,
-                                   gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st));
-    PROF("attn_output", L->wo.nbytes, matvec(&L->wo, &s->att_out, s->x, NULL, 1, st));
+    AttNew cur = {qsrc, gated ? 2 * hd : hd, s->k, s->v, DEV(L->q_norm), DEV(L->k_norm), c->n_rot,
+                  s->rope_cs, c->eps};
+    attention(NULL, kc, vc, &cur, s->part_o, s->part_ml, s->kv_done, &s->att_out,
+              gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split,
+              st);
+    matvec(&L->wo, &s->att_out, s->x, NULL, 1, st);
 }
 
 // DeltaNet layer l's conv state (3, conv_dim) and recurrent state (Hv, S, S) on the GPU.
@@ -5103,32 +5037,9 @@ static float *gdn_ssm_state(const Config *c, const GpuState *s, int l) {
     return s->ssm_state + (size_t)c->gdn_slot[l] * c->ssm_v_heads * c->ssm_state * c->ssm_state;
 }
 
-// One token's conv (+ q/k norms and gates) of DeltaNet layer l, on s's buffers; gdn_norm_gpu below,
-// its gated norm: the decode's path for state sizes gdn_token_kernel does not take (gdn_token_ok).
-static void gdn_conv_gpu(const Model *m, GpuState *s, int l, cudaStream_t st) {
-    const Config *c = &m->c;
-    const LayerWeights *L = &m->w.layers[l];
-    int Hk = c->ssm_k_heads, Hv = c->ssm_v_heads;
-    gdn_conv_norm_kernel<<<2 * Hk + Hv, c->ssm_state, 0, st>>>(s->gdn_mixed, DEV(L->conv1d), gdn_conv_state(c, s, l),
-                                                                s->gdn_beta, s->gdn_alpha, DEV(L->dt_bias), DEV(L->ssm_a),
-                                                                s->gdn_gb, Hk, Hv, c->eps);
-    KERNEL_CHECK();
-}
-static void gdn_norm_gpu(const Model *m, GpuState *s, int l, cudaStream_t st) {
-    const Config *c = &m->c;
-    gdn_norm_gate_kernel<<<c->ssm_v_heads, c->ssm_state, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z,
-                                                                   DEV(m->w.layers[l].ssm_norm), c->eps);
-    KERNEL_CHECK();
-}
-
-static void gdn_token_gpu(const Model *m, GpuState *s, int l, cudaStream_t st) {
-    const Config *c = &m->c;
-    const LayerWeights *L = &m->w.layers[l];
-    gdn_token(gdn_ssm_state(c, s, l), gdn_conv_state(c, s, l), s->gdn_mixed, DEV(L->conv1d), s->gdn_z, s->gdn_beta,
-              s->gdn_alpha, DEV(L->dt_bias), DEV(L->ssm_a), DEV(L->ssm_norm), &s->gdn_out, s->gdn_count, c->ssm_state,
-              c->ssm_k_heads, c->ssm_v_heads, c->eps, st);
-}
-
+// Gated DeltaNet layer l: x = x + W_out gdn(norm(x)): the four in-projections in one launch, then
+// conv, norms, gates, delta rule and gated norm in one (gdn_token_kernel; three launches for state
+// sizes above 128), then W_out added into s->x. Twin: deltanet_block_cpu.
 static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
@@ -5137,41 +5048,50 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     const Tensor *W[4] = {&L->wqkv, &L->wz, &L->w_beta, &L->w_alpha};
     const float *nob[4] = {NULL, NULL, NULL, NULL};
     float *y[4] = {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha};
-    PROF("gdn_proj", L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes,
-         matvec_batch(4, W, nob, y, &s->xb, st));
-    if (gdn_token_ok(S)) { // conv, norms, gates, delta rule and gated norm in one launch
-        PROF("gdn_token", 8.0 * Hv * S * S, gdn_token_gpu(m, s, l, st));
+    matvec_batch(4, W, nob, y, &s->xb, st);
+    float *cs = gdn_conv_state(c, s, l), *state = gdn_ssm_state(c, s, l);
+    if (gdn_token_ok(S)) {
+        gdn_token(state, cs, s->gdn_mixed, DEV(L->conv1d), s->gdn_z, s->gdn_beta, s->gdn_alpha,
+                  DEV(L->dt_bias), DEV(L->ssm_a), DEV(L->ssm_norm), &s->gdn_out, s->gdn_count, S,
+                  Hk, Hv, c->eps, st);
     } else {
-        PROF("gdn_conv", 0, gdn_conv_gpu(m, s, l, st));
-        PROF("gdn_step", 8.0 * Hv * S * S, gdn_step(gdn_ssm_state(c, s, l), s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st));
-        PROF("gdn_norm", 0, gdn_norm_gpu(m, s, l, st));
+        gdn_conv_norm_kernel<<<2 * Hk + Hv, S, 0, st>>>(s->gdn_mixed, DEV(L->conv1d), cs,
+                                                        s->gdn_beta, s->gdn_alpha, DEV(L->dt_bias),
+                                                        DEV(L->ssm_a), s->gdn_gb, Hk, Hv, c->eps);
+        KERNEL_CHECK();
+        gdn_step(state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st);
+        gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z,
+                                               DEV(L->ssm_norm), c->eps);
+        KERNEL_CHECK();
     }
-    PROF("gdn_out", L->ssm_out.nbytes, matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st));
+    matvec(&L->ssm_out, &s->gdn_out, s->x, NULL, 1, st);
 }
 
-// The device work for one token, enqueued on the stream (captured into the graph, or run directly
-// when profiling). Inputs: s->x holds the embedding row, *s->pos the position. Output: s->logits.
+// The device work of one token, enqueued on the stream (and captured into the graph). Inputs:
+// s->x holds the embedding row, *s->pos the position. Output: s->logits. Twin: forward_cpu.
 static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     const Config *c = &m->c;
     const Weights *w = &m->w;
     cudaStream_t st = s->stream;
     int E = c->n_embd;
-    if (c->n_kv_layers)
-        PROF("rope_angles", 0, (rope_angles_kernel<<<1, (c->n_rot / 2 + WARP - 1) / WARP * WARP, 0, st>>>(
-                                    s->rope_cs, s->pos, c->n_rot, c->rope_base, c->rope_freq_scale), KERNEL_CHECK()));
+    if (c->n_kv_layers) {
+        int threads = (c->n_rot / 2 + WARP - 1) / WARP * WARP;
+        rope_angles_kernel<<<1, threads, 0, st>>>(s->rope_cs, s->pos, c->n_rot, c->rope_base,
+                                                  c->rope_freq_scale);
+        KERNEL_CHECK();
+    }
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
-        PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st));
+        rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st);
         if (c->kind[l] == LAYER_DELTANET) deltanet_block_gpu(m, s, l);
         else attention_block_gpu(m, s, l);
-        // FFN block: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
-        PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st));
-        PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes,
-             ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, st));
-        PROF("ffn_down", L->w_down.nbytes, matvec(&L->w_down, &s->hb, s->x, NULL, 1, st));
+        // FFN: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
+        rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st);
+        ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, st);
+        matvec(&L->w_down, &s->hb, s->x, NULL, 1, st);
     }
-    PROF("rmsnorm", 8.0 * E, rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st));
-    PROF("output", w->output.nbytes, matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st));
+    rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st);
+    matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st);
 }
 
 // Capture the forward pass as a graph, with its input and output copies, once.
@@ -5300,6 +5220,9 @@ static void rmsnorm_rows(ActH *out /* (T, n) fp16 rows */, const float *x /* (T,
     KERNEL_CHECK();
 }
 
+// Attention layer l over T prompt rows at positions pos0..: the q, k, v products, RoPE and the KV
+// store of every row, causal attention over the cache, then Wo added into the rows of s->bx.
+// Twin: attention_block_cpu, row by row.
 static void attention_batch_gpu(const Model *m, GpuState *s, int l, int T, int pos0) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
@@ -5307,83 +5230,102 @@ static void attention_batch_gpu(const Model *m, GpuState *s, int l, int T, int p
     int hd = c->head_dim, gated = c->arch == ARCH_QWEN35;
     int qdim = c->n_head * hd, kvdim = c->n_head_kv * hd;
     float *qsrc = gated ? s->bqg : s->bq; // qwen35: per head [q | gate]
-    PROF("attn_q", L->wq.nbytes, matmul(&L->wq, &s->bxh, T, qsrc, gated ? 2 * qdim : qdim, DEV(L->bq), 0, s));
-    PROF("attn_k", L->wk.nbytes, matmul(&L->wk, &s->bxh, T, s->bk, kvdim, DEV(L->bk), 0, s));
-    PROF("attn_v", L->wv.nbytes, matmul(&L->wv, &s->bxh, T, s->bv, kvdim, DEV(L->bv), 0, s));
+    matmul(&L->wq, &s->bxh, T, qsrc, gated ? 2 * qdim : qdim, DEV(L->bq), 0, s);
+    matmul(&L->wk, &s->bxh, T, s->bk, kvdim, DEV(L->bk), 0, s);
+    matmul(&L->wv, &s->bxh, T, s->bv, kvdim, DEV(L->bv), 0, s);
     size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
     __half *kc = s->key_cache + layer_off, *vc = s->value_cache + layer_off;
-    PROF("rope_kv_store", 0, (rope_and_kv_store_kernel<<<dim3(c->n_head + c->n_head_kv, T), 128, hd * 4, st>>>(
-             s->bq, qsrc, gated ? 2 * hd : hd, s->bk, s->bv, DEV(L->q_norm), DEV(L->k_norm), kc, vc, s->pos, c->n_head,
-             c->n_head_kv, hd, c->n_rot, c->rope_base, c->rope_freq_scale, c->eps), KERNEL_CHECK()));
+    rope_and_kv_store_kernel<<<dim3(c->n_head + c->n_head_kv, T), 128, hd * 4, st>>>(
+        s->bq, qsrc, gated ? 2 * hd : hd, s->bk, s->bv, DEV(L->q_norm), DEV(L->k_norm), kc, vc,
+        s->pos, c->n_head, c->n_head_kv, hd, c->n_rot, c->rope_base, c->rope_freq_scale, c->eps);
+    KERNEL_CHECK();
     dim3 grid((T + PA_TQ - 1) / PA_TQ, c->n_head);
-    PROF("attention", 0, (attention_prefill_kernel<<<grid, PA_THREADS, pa_smem(hd), st>>>(
-             s->bq, kc, vc, s->bxh, gated ? s->bqg + hd : NULL, 2 * qdim, pos0, T, c->n_head, c->n_head_kv, hd),
-                          KERNEL_CHECK()));
-    PROF("attn_output", L->wo.nbytes, matmul(&L->wo, &s->bxh, T, s->bx, c->n_embd, NULL, 1, s));
+    attention_prefill_kernel<<<grid, PA_THREADS, pa_smem(hd), st>>>(
+        s->bq, kc, vc, s->bxh, gated ? s->bqg + hd : NULL, 2 * qdim, pos0, T, c->n_head,
+        c->n_head_kv, hd);
+    KERNEL_CHECK();
+    matmul(&L->wo, &s->bxh, T, s->bx, c->n_embd, NULL, 1, s);
 }
 
+// DeltaNet layer l over T prompt rows: the four products, the causal conv over the rows (the conv
+// state supplies the rows before them, and keeps their last 3), the norms and gates of every row,
+// the delta rule through the rows in order, the gated norm, then W_out added into s->bx.
+// Twin: deltanet_block_cpu, row by row.
 static void deltanet_batch_gpu(const Model *m, GpuState *s, int l, int T) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
     cudaStream_t st = s->stream;
     int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads, vdim = c->ssm_inner;
     int conv_dim = (int)gdn_conv_dim(c);
-    PROF("gdn_proj", L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes,
-         (matmul(&L->wqkv, &s->bxh, T, s->bmixed, conv_dim, NULL, 0, s), matmul(&L->wz, &s->bxh, T, s->bz, vdim, NULL, 0, s),
-          matmul(&L->w_beta, &s->bxh, T, s->bbeta, Hv, NULL, 0, s),
-          matmul(&L->w_alpha, &s->bxh, T, s->balpha, Hv, NULL, 0, s)));
+    matmul(&L->wqkv, &s->bxh, T, s->bmixed, conv_dim, NULL, 0, s);
+    matmul(&L->wz, &s->bxh, T, s->bz, vdim, NULL, 0, s);
+    matmul(&L->w_beta, &s->bxh, T, s->bbeta, Hv, NULL, 0, s);
+    matmul(&L->w_alpha, &s->bxh, T, s->balpha, Hv, NULL, 0, s);
     float *cs = gdn_conv_state(c, s, l), *state = gdn_ssm_state(c, s, l);
     size_t n_conv = (size_t)T * conv_dim;
-    PROF("gdn_conv", 0, (gdn_conv_rows_kernel<<<(unsigned)((n_conv + 255) / 256), 256, 0, st>>>(
-                             s->bconv, s->bmixed, DEV(L->conv1d), cs, conv_dim, T), KERNEL_CHECK(),
-                         gdn_conv_state_kernel<<<(conv_dim + 255) / 256, 256, 0, st>>>(cs, s->bmixed, conv_dim, T),
-                         KERNEL_CHECK(),
-                         gdn_norm_gates_rows_kernel<<<dim3(2 * Hk + Hv, T), S, 0, st>>>(
-                             s->bconv, s->bbeta, s->balpha, DEV(L->dt_bias), DEV(L->ssm_a), s->bgb, Hk, Hv, c->eps),
-                         KERNEL_CHECK()));
-    PROF("gdn_step", 0, gdn_step(state, s->bconv, s->bgb, s->braw, S, Hk, Hv, T, st));
-    PROF("gdn_norm", 0, (gdn_norm_gate_rows_kernel<<<T, S, 0, st>>>(s->bxh, s->braw, s->bz, DEV(L->ssm_norm), Hv, c->eps),
-                         KERNEL_CHECK()));
-    PROF("gdn_out", L->ssm_out.nbytes, matmul(&L->ssm_out, &s->bxh, T, s->bx, c->n_embd, NULL, 1, s));
+    gdn_conv_rows_kernel<<<(unsigned)((n_conv + 255) / 256), 256, 0, st>>>(
+        s->bconv, s->bmixed, DEV(L->conv1d), cs, conv_dim, T);
+    KERNEL_CHECK();
+    gdn_conv_state_kernel<<<(conv_dim + 255) / 256, 256, 0, st>>>(cs, s->bmixed, conv_dim, T);
+    KERNEL_CHECK();
+    gdn_norm_gates_rows_kernel<<<dim3(2 * Hk + Hv, T), S, 0, st>>>(
+        s->bconv, s->bbeta, s->balpha, DEV(L->dt_bias), DEV(L->ssm_a), s->bgb, Hk, Hv, c->eps);
+    KERNEL_CHECK();
+    gdn_step(state, s->bconv, s->bgb, s->braw, S, Hk, Hv, T, st);
+    gdn_norm_gate_rows_kernel<<<T, S, 0, st>>>(s->bxh, s->braw, s->bz, DEV(L->ssm_norm), Hv,
+                                               c->eps);
+    KERNEL_CHECK();
+    matmul(&L->ssm_out, &s->bxh, T, s->bx, c->n_embd, NULL, 1, s);
+}
+
+// The device work of a batched pass: T rows at positions pos0.. through every layer, from the
+// embedding rows in s->bx to the residual stream rows in s->bx.
+static void forward_gpu_batch_enqueue(const Model *m, GpuState *s, int T, int pos0) {
+    const Config *c = &m->c;
+    cudaStream_t st = s->stream;
+    int E = c->n_embd;
+    for (int l = 0; l < c->n_layer; l++) {
+        const LayerWeights *L = &m->w.layers[l];
+        rmsnorm_rows(&s->bxh, s->bx, DEV(L->attn_norm), T, E, c->eps, st);
+        if (c->kind[l] == LAYER_DELTANET) deltanet_batch_gpu(m, s, l, T);
+        else attention_batch_gpu(m, s, l, T, pos0);
+        rmsnorm_rows(&s->bxh, s->bx, DEV(L->ffn_norm), T, E, c->eps, st);
+        matmul(&L->w_gate, &s->bxh, T, s->bgate, c->n_ff, NULL, 0, s);
+        matmul(&L->w_up, &s->bxh, T, s->bup, c->n_ff, NULL, 0, s);
+        silu_mul_rows_kernel<<<T, ROW_THREADS, 0, st>>>(s->bxh, s->bgate, s->bup, c->n_ff);
+        KERNEL_CHECK();
+        matmul(&L->w_down, &s->bxh, T, s->bx, E, NULL, 1, s);
+    }
 }
 
 // Rows tokens[0..T) at positions pos0.. through every layer at once (T <= n_batch); the residual
 // stream of every row is left in s->bx. The caches and DeltaNet states end as if the T tokens had
 // been fed one by one. Twin: T calls of forward_gpu (and of forward_cpu).
-static void forward_gpu_batch(const Model *m, GpuState *s, const int *tokens /* (T) */, int T, int pos0) {
-    const Config *c = &m->c;
-    const Weights *w = &m->w;
+static void forward_gpu_batch(const Model *m, GpuState *s, const int *tokens /* (T) */, int T,
+                              int pos0) {
     cudaStream_t st = s->stream;
-    int E = c->n_embd;
+    int E = m->c.n_embd;
     if (T < 1 || T > s->n_batch) die("prefill: %d rows for a batch of %d", T, s->n_batch);
-    if (pos0 + T > s->n_ctx) die("position %d is past the context of %d tokens", pos0 + T - 1, s->n_ctx);
-    CUDA_CHECK(cudaStreamSynchronize(st)); // h_bx and h_pos may still feed the previous pass's copies
+    if (pos0 + T > s->n_ctx)
+        die("position %d is past the context of %d tokens", pos0 + T - 1, s->n_ctx);
+    CUDA_CHECK(cudaStreamSynchronize(st)); // h_bx and h_pos may still feed the last pass's copies
     for (int t = 0; t < T; t++) embed_token(m, tokens[t], s->h_bx + (size_t)t * E);
     *s->h_pos = pos0;
     CUDA_CHECK(cudaMemcpyAsync(s->bx, s->h_bx, (size_t)T * E * 4, cudaMemcpyHostToDevice, st));
     CUDA_CHECK(cudaMemcpyAsync(s->pos, s->h_pos, 4, cudaMemcpyHostToDevice, st));
-    if (pos0 == 0 && s->state_bytes) CUDA_CHECK(cudaMemsetAsync(s->conv_state, 0, s->state_bytes, st));
-    for (int l = 0; l < c->n_layer; l++) {
-        const LayerWeights *L = &w->layers[l];
-        PROF("rmsnorm", 0, rmsnorm_rows(&s->bxh, s->bx, DEV(L->attn_norm), T, E, c->eps, st));
-        if (c->kind[l] == LAYER_DELTANET) deltanet_batch_gpu(m, s, l, T);
-        else attention_batch_gpu(m, s, l, T, pos0);
-        PROF("rmsnorm", 0, rmsnorm_rows(&s->bxh, s->bx, DEV(L->ffn_norm), T, E, c->eps, st));
-        PROF("ffn_gate_up", L->w_gate.nbytes + L->w_up.nbytes,
-             (matmul(&L->w_gate, &s->bxh, T, s->bgate, c->n_ff, NULL, 0, s),
-              matmul(&L->w_up, &s->bxh, T, s->bup, c->n_ff, NULL, 0, s),
-              silu_mul_rows_kernel<<<T, ROW_THREADS, 0, st>>>(s->bxh, s->bgate, s->bup, c->n_ff), KERNEL_CHECK()));
-        PROF("ffn_down", L->w_down.nbytes, matmul(&L->w_down, &s->bxh, T, s->bx, E, NULL, 1, s));
-    }
+    if (pos0 == 0 && s->state_bytes)
+        CUDA_CHECK(cudaMemsetAsync(s->conv_state, 0, s->state_bytes, st));
+    forward_gpu_batch_enqueue(m, s, T, pos0);
 }
 
 // Logits of batch rows [r0, r0 + nr) of the last forward_gpu_batch, on the device in s->blogits.
 static void batch_output_gpu(const Model *m, GpuState *s, int r0, int nr) {
     const Config *c = &m->c;
-    cudaStream_t st = s->stream;
-    if (nr < 1 || nr > s->n_logit_rows) die("prefill: %d logit rows for room of %d", nr, s->n_logit_rows);
-    PROF("rmsnorm", 0, rmsnorm_rows(&s->bxh, s->bx + (size_t)r0 * c->n_embd, DEV(m->w.output_norm), nr, c->n_embd, c->eps, st));
-    PROF("output", m->w.output.nbytes, matmul(&m->w.output, &s->bxh, nr, s->blogits, c->n_vocab, DEV(m->w.output_bias), 0, s));
+    if (nr < 1 || nr > s->n_logit_rows)
+        die("prefill: %d logit rows for room of %d", nr, s->n_logit_rows);
+    rmsnorm_rows(&s->bxh, s->bx + (size_t)r0 * c->n_embd, DEV(m->w.output_norm), nr, c->n_embd,
+                 c->eps, s->stream);
+    matmul(&m->w.output, &s->bxh, nr, s->blogits, c->n_vocab, DEV(m->w.output_bias), 0, s);
 }
 
 // ... and copied to s->h_blogits (nr, n_vocab).
@@ -5666,36 +5608,28 @@ static int parse_ids(const char *s, int **out) {
 }
 
 
-// --- qwen --bench: decode speed against the card's own copy bandwidth, per kernel, and prefill --------
+// --- --bench: decode and prefill speed against the card's own copy bandwidth ---------------------
+// A decode token reads every weight once, so its speed is judged against what the card can move:
+// a device-to-device copy of 1 GiB (bytes read + written per second). test/bench.cu (make bench)
+// adds the tables behind the choices in this file: per kernel, per mat-vec kind, size sweeps.
 
+// Uniform values in [-1, 1) for the KV cache, so that the timed attention works on real numbers.
 __global__ void fill_random_half_kernel(__half *p /* (n) */, size_t n, uint32_t seed) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         uint32_t h = (uint32_t)i * 2654435761u ^ seed;
         h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
-        p[i] = __float2half(((h & 0xffff) / 32768.0f - 1.0f)); // uniform in [-1, 1): attention on real numbers
+        p[i] = __float2half(((h & 0xffff) / 32768.0f - 1.0f));
     }
 }
 
-static int cmp_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x > y) - (x < y); }
-
-// The ceiling a read-only kernel can reach, for reference next to the copy bandwidth: every thread
-// streams 16-byte loads, 4 in flight, over a buffer, and folds them into one word it rarely writes.
-__global__ void read_stream_kernel(const int4 *p, size_t n /* int4s */, int *sink) {
-    int acc = 0;
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 4 * stride) {
-        int4 v[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) v[k] = i + k * stride < n ? p[i + k * stride] : make_int4(0, 0, 0, 0);
-#pragma unroll
-        for (int k = 0; k < 4; k++) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-    }
-    if (acc == 0x5a17c3e9) *sink = acc; // keeps the loads; as good as never taken
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
 }
 
-// Device-to-device copy of 1 GiB (bytes read + written per second, the median of 10), and in
-// *read_bw the read-only stream over the same buffer (bytes read per second, median of 10).
-static double measure_copy_bandwidth(double *read_bw) {
+// Device-to-device copy of 1 GiB: bytes read + written per second, the median of 10 copies.
+static double measure_copy_bandwidth(void) {
     size_t n = 1ull << 30;
     void *a, *b;
     CUDA_CHECK(cudaMalloc(&a, n));
@@ -5704,8 +5638,8 @@ static double measure_copy_bandwidth(double *read_bw) {
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    float ms[10], rms[10];
-    CUDA_CHECK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+    float ms[10];
+    CUDA_CHECK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice)); // warm-up
     for (int i = 0; i < 10; i++) {
         CUDA_CHECK(cudaEventRecord(e0));
         CUDA_CHECK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
@@ -5713,379 +5647,104 @@ static double measure_copy_bandwidth(double *read_bw) {
         CUDA_CHECK(cudaEventSynchronize(e1));
         CUDA_CHECK(cudaEventElapsedTime(&ms[i], e0, e1));
     }
-    int dev, n_sm;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-    for (int i = -1; i < 10; i++) { // the first run warms up
-        CUDA_CHECK(cudaEventRecord(e0));
-        read_stream_kernel<<<8 * n_sm, 256>>>((const int4 *)a, n / 16, (int *)b);
-        CUDA_CHECK(cudaEventRecord(e1));
-        CUDA_CHECK(cudaEventSynchronize(e1));
-        if (i >= 0) CUDA_CHECK(cudaEventElapsedTime(&rms[i], e0, e1));
-    }
     qsort(ms, 10, sizeof ms[0], cmp_float);
-    qsort(rms, 10, sizeof rms[0], cmp_float);
     cudaFree(a);
     cudaFree(b);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    *read_bw = n / (rms[5] * 1e-3);
     return 2.0 * n / (ms[5] * 1e-3);
 }
 
-// Per-kernel timing for --bench: prof_start arms the PROF marks, prof_finish prints one row per
-// kernel name (calls, bytes it moves: the weights for the mat-vecs, time, GB/s, share of the pass).
-static void prof_start(const Model *m) {
-    g_prof_cap = 64 + 24 * m->c.n_layer;
-    g_prof = (ProfMark *)xcalloc(g_prof_cap, sizeof(ProfMark));
-    for (int i = 0; i < g_prof_cap; i++) {
-        CUDA_CHECK(cudaEventCreate(&g_prof[i].start));
-        CUDA_CHECK(cudaEventCreate(&g_prof[i].stop));
-    }
-    g_prof_n = 0;
-}
-static void prof_finish(const char *title) {
-    typedef struct { const char *name; int calls; double bytes, ms; } Row;
-    Row rows[32];
-    int nr = 0;
-    double total_ms = 0;
-    for (int i = 0; i < g_prof_n; i++) {
-        float ms;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, g_prof[i].start, g_prof[i].stop));
-        total_ms += ms;
-        int r = 0;
-        while (r < nr && strcmp(rows[r].name, g_prof[i].name)) r++;
-        if (r == nr) { if (nr == 32) continue; rows[nr++] = (Row){g_prof[i].name, 0, 0, 0}; }
-        rows[r].calls++;
-        rows[r].bytes += g_prof[i].bytes;
-        rows[r].ms += ms;
-    }
-    printf("\nper kernel, %s (CUDA events around each launch, no graph):\n", title);
-    printf("  %-16s %6s %12s %10s %9s %7s\n", "kernel", "calls", "bytes", "us", "GB/s", "share");
-    for (int r = 0; r < nr; r++)
-        printf("  %-16s %6d %12.0f %10.1f %9.0f %6.1f%%\n", rows[r].name, rows[r].calls, rows[r].bytes, rows[r].ms * 1e3,
-               rows[r].bytes > 0 ? rows[r].bytes / (rows[r].ms * 1e-3) / 1e9 : 0.0, 100.0 * rows[r].ms / total_ms);
-    printf("  %-16s %6d %12s %10.1f\n", "sum", g_prof_n, "", total_ms * 1e3);
-    for (int i = 0; i < g_prof_cap; i++) { cudaEventDestroy(g_prof[i].start); cudaEventDestroy(g_prof[i].stop); }
-    free(g_prof);
-    g_prof = NULL;
-}
-
-// Milliseconds per replay of a captured graph: instantiated, replayed once to warm up, then reps
-// times between two events. The graph is destroyed.
-static float graph_ms(cudaGraph_t graph, int reps, cudaStream_t st) {
-    cudaGraphExec_t exec;
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, graph, 0));
-    CUDA_CHECK(cudaGraphLaunch(exec, st));
-    CUDA_CHECK(cudaEventRecord(e0, st));
-    for (int r = 0; r < reps; r++) CUDA_CHECK(cudaGraphLaunch(exec, st));
-    CUDA_CHECK(cudaEventRecord(e1, st));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    CUDA_CHECK(cudaGraphExecDestroy(exec));
-    CUDA_CHECK(cudaGraphDestroy(graph));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return ms / reps;
-}
-
-// The mat-vecs alone, per kind: one graph holds the kind's launches for every layer back to back
-// (different weights each time, so nothing is served from L2), replayed 5 times. No event sits
-// between the launches, so this is what each kernel streams inside the forward graph, launch
-// gaps included. Outputs go to scratch buffers; the inputs are whatever the last pass left.
-static void bench_matvecs(const Model *m, GpuState *s, double copy_bw) {
-    const char *kinds[] = {"ffn_gate_up", "ffn_down", "gdn_proj", "gdn_out", "attn_qkv", "attn_output", "output"};
-    cudaStream_t st = s->stream;
-    printf("\nmat-vecs alone, each kind over all its layers in one graph (launch gaps included):\n");
-    printf("  %-12s %6s %12s %9s %9s %7s\n", "kind", "calls", "bytes/call", "us/call", "GB/s", "% copy");
-    for (int k = 0; k < 7; k++) {
-        double bytes = 0;
-        int calls = 0;
-        cudaGraph_t graph;
-        CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int l = 0; l < (k == 6 ? 1 : m->c.n_layer); l++) {
-            const LayerWeights *L = &m->w.layers[l];
-            int gdn = m->c.kind[l] == LAYER_DELTANET;
-            if (k == 0) {
-                ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, st);
-                bytes += L->w_gate.nbytes + L->w_up.nbytes;
-            } else if (k == 1) {
-                matvec(&L->w_down, &s->hb, s->hb2, NULL, 0, st);
-                bytes += L->w_down.nbytes;
-            } else if (k == 2 && gdn) {
-                const Tensor *W[4] = {&L->wqkv, &L->wz, &L->w_beta, &L->w_alpha};
-                const float *nob[4] = {NULL, NULL, NULL, NULL};
-                float *y[4] = {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha};
-                matvec_batch(4, W, nob, y, &s->xb, st);
-                bytes += L->wqkv.nbytes + L->wz.nbytes + L->w_beta.nbytes + L->w_alpha.nbytes;
-            } else if (k == 3 && gdn) {
-                matvec(&L->ssm_out, &s->gdn_out, s->hb2, NULL, 0, st);
-                bytes += L->ssm_out.nbytes;
-            } else if (k == 4 && !gdn) {
-                matvec_qkv(&L->wq, &L->wk, &L->wv, DEV(L->bq), DEV(L->bk), DEV(L->bv), &s->xb,
-                           m->c.arch == ARCH_QWEN35 ? s->qg : s->q, s->k, s->v, st);
-                bytes += L->wq.nbytes + L->wk.nbytes + L->wv.nbytes;
-            } else if (k == 5 && !gdn) {
-                matvec(&L->wo, &s->att_out, s->hb2, NULL, 0, st);
-                bytes += L->wo.nbytes;
-            } else if (k == 6) {
-                matvec(&m->w.output, &s->xb, s->logits, DEV(m->w.output_bias), 0, st);
-                bytes += m->w.output.nbytes;
-            } else continue;
-            calls++;
-        }
-        CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-        if (calls == 0) { CUDA_CHECK(cudaGraphDestroy(graph)); continue; }
-        double t = graph_ms(graph, 5, st) * 1e-3 / calls;
-        printf("  %-12s %6d %12.0f %9.1f %9.0f %6.1f%%\n", kinds[k], calls, bytes / calls, t * 1e6, bytes / calls / t / 1e9,
-               100.0 * bytes / calls / t / copy_bw);
-    }
-}
-
-// The launches between the mat-vecs, per kind: one graph holds the kind's launches for every layer
-// (the RMSNorms: all 2 x layers + 1 of a token; gdn_token is what a DeltaNet layer runs, the three
-// before it what it replaced), replayed 5 times. What each costs inside the forward
-// graph, launch gap included: the price of a launch that a fold into a neighbour would remove.
-static void bench_small_kernels(const Model *m, GpuState *s) {
-    const Config *c = &m->c;
-    const char *kinds[] = {"rmsnorm", "gdn_conv", "gdn_step", "gdn_norm", "gdn_token"};
-    cudaStream_t st = s->stream;
-    int E = c->n_embd;
-    printf("\nthe other launches alone, each kind over all its layers in one graph (launch gaps included):\n");
-    printf("  %-12s %6s %9s\n", "kind", "calls", "us/call");
-    for (int k = 0; k < 5; k++) {
-        int calls = 0;
-        cudaGraph_t graph;
-        if (k == 4 && !gdn_token_ok(c->ssm_state)) continue;
-        CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int l = 0; l < c->n_layer; l++) {
-            const LayerWeights *L = &m->w.layers[l];
-            if (k == 0) {
-                rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st);
-                rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st);
-                if (l == c->n_layer - 1) rmsnorm_quant(&s->xb, s->x, DEV(m->w.output_norm), E, c->eps, st);
-                calls += 2 + (l == c->n_layer - 1);
-                continue;
-            }
-            if (c->kind[l] != LAYER_DELTANET) continue;
-            if (k == 1) gdn_conv_gpu(m, s, l, st);
-            else if (k == 4) gdn_token_gpu(m, s, l, st);
-            else if (k == 2)
-                gdn_step(gdn_ssm_state(c, s, l), s->gdn_mixed, s->gdn_gb, s->gdn_raw, c->ssm_state, c->ssm_k_heads,
-                         c->ssm_v_heads, 1, st);
-            else gdn_norm_gpu(m, s, l, st);
-            calls++;
-        }
-        CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-        if (calls == 0) { CUDA_CHECK(cudaGraphDestroy(graph)); continue; }
-        printf("  %-12s %6d %9.2f\n", kinds[k], calls, graph_ms(graph, 5, st) * 1e3 / calls);
-    }
-}
-
-// One fast type's mat-vec against its size: K launches in one graph over K different matrices of
-// S bytes each (n_in = the model's width, rows as many as fit), for S from 8 MB to 1 GiB, through
-// the kernel the engine picks (matvec) and through the streaming kernel for every size. A straight
-// line t(S) = t0 + S / B through the points separates what a launch costs whatever its size (t0:
-// the ramp of its first loads, its tail, the gap to the next launch) from the rate it streams at
-// once under way (B): what a kernel that keeps the weights flowing across launches could win.
-static void bench_matvec_sizes(const Model *m, GpuState *s, int type, double copy_bw) {
-    const double MB = 1 << 20;
-    const int sizes[] = {8, 16, 32, 64, 128, 256, 1024}, n_sizes = 7;
-    int E = m->c.n_embd;
-    size_t rb = row_bytes(type, E), fr, tot;
-    CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
-    size_t buf_bytes = 2048 * (size_t)MB;
-    if (fr < buf_bytes + 512 * (size_t)MB) buf_bytes = fr > 768 * (size_t)MB ? fr - 512 * (size_t)MB : 0;
-    if (buf_bytes < 256 * (size_t)MB) {
-        printf("\n%s mat-vec against its size: skipped (%.0f MB free)\n", type_name(type), fr / MB);
-        return;
-    }
-    uint8_t *buf; // (buf_bytes) the matrices, one after the other; the bytes' values do not matter here
-    float *y;     // (rows of the largest) outputs
-    CUDA_CHECK(cudaMalloc(&buf, buf_bytes));
-    CUDA_CHECK(cudaMemset(buf, 0x11, buf_bytes));
-    CUDA_CHECK(cudaMalloc(&y, buf_bytes / rb * sizeof(float) + 256));
-    cudaStream_t st = s->stream;
-    printf("\n%s mat-vec against its size (%d inputs; K launches over K different matrices in one graph):\n",
-           type_name(type), E);
-    printf("  %9s %5s   %-22s   %-22s\n", "MB/call", "K", "engine's kernel us  %copy", "streaming us  %copy");
-    double sx = 0, sy[2] = {0, 0}, sxx = 0, sxy[2] = {0, 0};
-    int np = 0;
-    for (int i = 0; i < n_sizes; i++) {
-        int64_t rows = (int64_t)(sizes[i] * MB / rb) / 32 * 32;
-        size_t bytes = (size_t)rows * rb, stride = ALIGN256(bytes);
-        int K = (int)(buf_bytes / stride);
-        if (K > 128) K = 128;
-        if (K < 1 || (size_t)(E / 32) * rows > UINT32_MAX) continue;
-        double t[2];
-        for (int k = 0; k < 2; k++) {
-            cudaGraph_t graph;
-            CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-            for (int j = 0; j < K; j++) {
-                Tensor W = {"sweep", type, E, rows, NULL, bytes, buf + (size_t)j * stride, 1};
-                if (k == 0) matvec(&W, &s->xb, y, NULL, 0, st);
-                else {
-                    MvPlan p;
-                    memset(&p, 0, sizeof p);
-                    mv_plan_add(&p, &W, NULL, y);
-                    matvec_stream(&p, s->xb.q, E, st);
-                }
-            }
-            CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-            t[k] = graph_ms(graph, 3, st) * 1e-3 / K;
-            sy[k] += t[k];
-            sxy[k] += bytes * t[k];
-        }
-        sx += bytes;
-        sxx += (double)bytes * bytes;
-        np++;
-        printf("  %9.1f %5d   %9.1f  %8.1f %%   %9.1f  %6.1f %%\n", bytes / MB, K, t[0] * 1e6,
-               100.0 * bytes / t[0] / copy_bw, t[1] * 1e6, 100.0 * bytes / t[1] / copy_bw);
-    }
-    for (int k = 0; k < 2 && np >= 2; k++) { // least squares t = t0 + bytes / B
-        double slope = (np * sxy[k] - sx * sy[k]) / (np * sxx - sx * sx), t0 = (sy[k] - slope * sx) / np;
-        printf("  fit, %s: t0 = %.1f us per launch, B = %.0f GB/s = %.1f %% of copy\n",
-               k == 0 ? "engine's kernel" : "streaming kernel", t0 * 1e6, 1e-9 / slope, 100.0 / slope / copy_bw);
-    }
-    cudaFree(buf);
-    cudaFree(y);
-}
-
-// Attention alone: every attention layer's attention launch in one graph, at contexts 128 and 2048
-// (what the context adds to a token beyond its KV bytes is here).
-static void bench_attention(const Model *m, GpuState *s) {
-    const Config *c = &m->c;
-    const int ctxs[2] = {128, 2048};
-    cudaStream_t st = s->stream;
-    int hd = c->head_dim, gated = c->arch == ARCH_QWEN35;
-    size_t kvdim = (size_t)c->n_head_kv * hd;
-    printf("\nattention alone, its %d layers in one graph (%d kv heads x at most %d splits of %d-key chunks):\n",
-           c->n_kv_layers, c->n_head_kv, s->n_split, att_chunk(hd));
-    printf("  context  us/layer  KV bytes/layer   GB/s\n");
-    for (int ci = 0; ci < 2; ci++) {
-        int pos = ctxs[ci];
-        CUDA_CHECK(cudaMemcpy(s->pos, &pos, 4, cudaMemcpyHostToDevice));
-        cudaGraph_t graph;
-        CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int l = 0; l < c->n_layer; l++) {
-            if (c->kind[l] == LAYER_DELTANET) continue;
-            size_t layer_off = (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
-            attention(s->q, s->key_cache + layer_off, s->value_cache + layer_off, NULL, s->part_o, s->part_ml, s->kv_done,
-                      &s->att_out, gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split, st);
-        }
-        CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-        double t = graph_ms(graph, 10, st) * 1e-3 / c->n_kv_layers, bytes = 2.0 * (pos + 1) * kvdim * 2;
-        printf("  %7d  %8.2f  %14.0f  %6.0f\n", pos, t * 1e6, bytes, bytes / t / 1e9);
-    }
-}
-
-static void run_bench(Model *m, int n_ctx) {
-    const int ctxs[2] = {128, 2048};
-    if (n_ctx < 2048 + 1) n_ctx = 2048 + 1;
+// The GPU line, the copy bandwidth (returned), and the state the benchmark runs on: the model
+// uploaded with room for 2049 keys at least, the KV caches filled with random values.
+static double bench_setup(Model *m, int n_ctx, GpuState *s) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    double read_bw, copy_bw = measure_copy_bandwidth(&read_bw);
-    printf("GPU: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
-           prop.totalGlobalMem / 1073741824.0);
-    printf("measured copy bandwidth (device-to-device, 1 GiB, read + write): %.0f GB/s\n", copy_bw / 1e9);
-    printf("read-only stream over the same GiB (16-byte loads, for reference): %.0f GB/s = %.1f %% of copy\n",
-           read_bw / 1e9, 100.0 * read_bw / copy_bw);
-
-    GpuState s;
-    gpu_state_init(&s, m, n_ctx);
-    upload_weights(m, &s);
-    size_t cache = (size_t)m->c.n_kv_layers * n_ctx * m->c.n_head_kv * m->c.head_dim;
-    fill_random_half_kernel<<<1024, 256, 0, s.stream>>>(s.key_cache, cache, 1);
-    fill_random_half_kernel<<<1024, 256, 0, s.stream>>>(s.value_cache, cache, 2);
+    double copy_bw = measure_copy_bandwidth();
+    printf("GPU: %s (sm_%d%d, %d SMs, %.1f GiB)\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
+    printf("measured copy bandwidth (device-to-device, 1 GiB, read + write): %.0f GB/s\n",
+           copy_bw / 1e9);
+    gpu_state_init(s, m, n_ctx < 2049 ? 2049 : n_ctx);
+    upload_weights(m, s);
+    size_t cache = (size_t)m->c.n_kv_layers * s->n_ctx * m->c.n_head_kv * m->c.head_dim;
+    fill_random_half_kernel<<<1024, 256, 0, s->stream>>>(s->key_cache, cache, 1);
+    fill_random_half_kernel<<<1024, 256, 0, s->stream>>>(s->value_cache, cache, 2);
     KERNEL_CHECK();
-    embed_token(m, 0, s.h_x);
+    embed_token(m, 0, s->h_x);
+    return copy_bw;
+}
+
+// Decode: ms per token at contexts 128 and 2048 (the token's graph replayed 50 times after 5
+// warm-ups), and the bytes it moves (bytes_per_token) per second, against the copy bandwidth.
+static void bench_decode(const Model *m, GpuState *s, double copy_bw) {
+    const int ctxs[2] = {128, 2048}, reps = 50;
     cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    printf("weights read per token: %.3f GB (%s, %d layers)\n\n", s.weight_bytes / 1e9, m->c.arch_name, m->c.n_layer);
+    printf("weights read per token: %.3f GB (%s, %d layers)\n\n", s->weight_bytes / 1e9,
+           m->c.arch_name, m->c.n_layer);
     printf("  context  bytes/token   ms/token    tok/s     GB/s   %% of copy bandwidth\n");
-    const int reps = 50;
     for (int ci = 0; ci < 2; ci++) {
-        *s.h_pos = ctxs[ci];
-        if (!s.graph) gpu_capture(m, &s);
-        for (int i = 0; i < 5; i++) CUDA_CHECK(cudaGraphLaunch(s.graph, s.stream));
-        CUDA_CHECK(cudaEventRecord(e0, s.stream));
-        for (int i = 0; i < reps; i++) CUDA_CHECK(cudaGraphLaunch(s.graph, s.stream));
-        CUDA_CHECK(cudaEventRecord(e1, s.stream));
+        *s->h_pos = ctxs[ci];
+        if (!s->graph) gpu_capture(m, s);
+        for (int i = 0; i < 5; i++) CUDA_CHECK(cudaGraphLaunch(s->graph, s->stream));
+        CUDA_CHECK(cudaEventRecord(e0, s->stream));
+        for (int i = 0; i < reps; i++) CUDA_CHECK(cudaGraphLaunch(s->graph, s->stream));
+        CUDA_CHECK(cudaEventRecord(e1, s->stream));
         CUDA_CHECK(cudaEventSynchronize(e1));
         float ms;
         CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
         ms /= reps;
-        double bytes = bytes_per_token(&m->c, &s, ctxs[ci] + 1);
-        double bw = bytes / (ms * 1e-3);
-        printf("  %7d  %8.3f GB  %9.3f  %7.1f  %7.0f   %5.1f %%\n", ctxs[ci], bytes / 1e9, ms, 1e3 / ms, bw / 1e9,
-               100.0 * bw / copy_bw);
+        double bytes = bytes_per_token(&m->c, s, ctxs[ci] + 1), bw = bytes / (ms * 1e-3);
+        printf("  %7d  %8.3f GB  %9.3f  %7.1f  %7.0f   %5.1f %%\n", ctxs[ci], bytes / 1e9, ms,
+               1e3 / ms, bw / 1e9, 100.0 * bw / copy_bw);
     }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+}
 
-    bench_attention(m, &s);
+// The 512 random prompt ids of pp512 (a fixed seed: every run feeds the same prompt).
+static void bench_prompt(const Model *m, int *toks /* (512) */) {
+    uint64_t r = 42;
+    for (int i = 0; i < 512; i++) toks[i] = (int)(rng_u32(&r) % (uint32_t)m->c.n_vocab);
+}
 
-    // tuning runs: QWEN_BENCH_DECODE_ONLY=1 stops here (the two contexts and the attention alone),
-    // any other value skips the prefill
-    const char *decode_only = getenv("QWEN_BENCH_DECODE_ONLY");
-    if (decode_only && !strcmp(decode_only, "1")) {
-        gpu_state_free(&s);
+// Prefill, pp512: a 512-token prompt from position 0 and the logits of its last token, best of 3
+// after a warm-up. TFLOP/s counts 2 flops per layer weight and prompt token.
+static void bench_prefill(const Model *m, GpuState *s) {
+    const int P = 512;
+    if (s->n_batch < P) {
+        printf("\nprefill: pp512 needs -b 512 or more (-b %d)\n", s->n_batch);
         return;
     }
-    // per kernel: one forward pass at the last context, launched directly with events around each launch
-    prof_start(m);
-    CUDA_CHECK(cudaMemcpyAsync(s.x, s.h_x, m->c.n_embd * 4u, cudaMemcpyHostToDevice, s.stream));
-    CUDA_CHECK(cudaMemcpyAsync(s.pos, s.h_pos, 4, cudaMemcpyHostToDevice, s.stream));
-    forward_gpu_enqueue(m, &s);
-    CUDA_CHECK(cudaStreamSynchronize(s.stream));
-    char title[128];
-    snprintf(title, sizeof title, "one forward pass at context %d", ctxs[1]);
-    prof_finish(title);
-    bench_matvecs(m, &s, copy_bw);
-    bench_small_kernels(m, &s);
-    { // each fast type of layer 0's mat-vecs and of the output matrix, against its size
-        const LayerWeights *L0 = &m->w.layers[0];
-        int types[5] = {L0->w_gate.type, L0->w_down.type, m->w.output.type, L0->wqkv.name ? L0->wqkv.type : L0->wq.type,
-                        L0->wv.name ? L0->wv.type : -1}, seen[5], n_seen = 0;
-        for (int i = 0; i < 5; i++) {
-            int dup = !is_fast_type(types[i]);
-            for (int j = 0; j < n_seen; j++) dup |= seen[j] == types[i];
-            if (!dup) bench_matvec_sizes(m, &s, seen[n_seen++] = types[i], copy_bw);
-        }
+    int toks[512];
+    bench_prompt(m, toks);
+    double layer_weights = 0; // weights every prompt row multiplies (the output matrix: one row)
+    for (int l = 0; l < m->c.n_layer; l++) {
+        const Tensor *lt[N_LAYER_PRODUCTS];
+        layer_products(&m->w.layers[l], lt);
+        for (int i = 0; i < N_LAYER_PRODUCTS; i++)
+            if (lt[i]->name) layer_weights += (double)lt[i]->n_in * lt[i]->n_out;
     }
+    double best = 1e30;
+    for (int rep = 0; rep < 4; rep++) { // the first run is a warm-up
+        double t0 = now_sec();
+        forward_gpu_batch(m, s, toks, P, 0);
+        batch_logits_gpu(m, s, P - 1, 1);
+        double dt = now_sec() - t0;
+        if (rep > 0 && dt < best) best = dt;
+    }
+    printf("\nprefill (-b %d, best of 3):\n", s->n_batch);
+    printf("  pp%d: %.1f ms, %.1f tok/s, %.1f TFLOP/s (2 x %.3g layer weights x %d tokens)\n", P,
+           best * 1e3, P / best, 2.0 * layer_weights * P / best / 1e12, layer_weights, P);
+}
 
-    // prefill: pp512 = a 512-token prompt from position 0, logits of its last token
-    if (s.n_batch >= 512 && !decode_only) {
-        const int P = 512;
-        int toks[512];
-        uint64_t r = 42;
-        for (int i = 0; i < P; i++) toks[i] = (int)(rng_u32(&r) % (uint32_t)m->c.n_vocab);
-        double layer_weights = 0; // weights every prompt row multiplies (the output matrix: one row only)
-        for (int l = 0; l < m->c.n_layer; l++) {
-            const Tensor *lt[N_LAYER_PRODUCTS];
-            layer_products(&m->w.layers[l], lt);
-            for (int i = 0; i < N_LAYER_PRODUCTS; i++)
-                if (lt[i]->name) layer_weights += (double)lt[i]->n_in * lt[i]->n_out;
-        }
-        double best = 1e30;
-        for (int rep = 0; rep < 4; rep++) { // the first run is a warm-up
-            double t0 = now_sec();
-            forward_gpu_batch(m, &s, toks, P, 0);
-            batch_logits_gpu(m, &s, P - 1, 1);
-            double dt = now_sec() - t0;
-            if (rep > 0 && dt < best) best = dt;
-        }
-        printf("\nprefill (-b %d, best of 3):\n", s.n_batch);
-        printf("  pp%d: %.1f ms, %.1f tok/s, %.1f TFLOP/s (2 x %.3g layer weights x %d tokens)\n", P, best * 1e3,
-               P / best, 2.0 * layer_weights * P / best / 1e12, layer_weights, P);
-        prof_start(m);
-        forward_gpu_batch(m, &s, toks, P, 0);
-        batch_logits_gpu(m, &s, P - 1, 1);
-        prof_finish("one pp512 pass");
-    }
+static void run_bench(Model *m, int n_ctx) {
+    GpuState s;
+    double copy_bw = bench_setup(m, n_ctx, &s);
+    bench_decode(m, &s, copy_bw);
+    bench_prefill(m, &s);
     gpu_state_free(&s);
 }
 
