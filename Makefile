@@ -62,7 +62,7 @@ test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
 	QWEN_BIN=./qwen$(SUFFIX) ./test/test_qwen$(SUFFIX)
 
 clean:
-	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/trace_token
+	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/bench test/bench-sm70
 
 .PHONY: all test clean bench bench-tokenizer unicode-check
 
@@ -74,14 +74,12 @@ test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
 test/step_floor: test/step_floor.cu qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/step_floor.cu
 
-# a per-warp timeline of one decode token (GPU only): test/trace_token -m model.gguf [-c 128]
-test/trace_token: test/trace_token.cu qwen.cu tokenizer.c unicode_tables.h
-	$(NVCC_RUN) $(NVFLAGS) -o $@ test/trace_token.cu
-
-# decode benchmark on a GPU: make bench MODEL=path/to/model.gguf
-bench: qwen$(SUFFIX)
-	@test -n "$(MODEL)" || { echo "usage: make bench MODEL=model.gguf  (make one with test/gen_model)"; exit 1; }
-	./qwen$(SUFFIX) --bench -m $(MODEL)
+# the measurements behind the engine's choices (GPU only): per-kernel tables, mat-vec kinds, size
+# sweeps. make bench builds test/bench; make bench MODEL=model.gguf also runs it
+test/bench$(SUFFIX): test/bench.cu qwen.cu tokenizer.c unicode_tables.h
+	$(NVCC_RUN) $(NVFLAGS) -o $@ test/bench.cu
+bench: test/bench$(SUFFIX)
+	@if [ -n "$(MODEL)" ]; then ./test/bench$(SUFFIX) -m $(MODEL); fi
 
 # tokenizer speed: ~1 MB of mixed text (the tokenizer test strings: English, code, CJK, Cyrillic,
 # Khmer, emoji, whitespace runs, repeated) through ./qwen --tokenize with the full Qwen2 vocabulary

@@ -107,9 +107,12 @@ static double now_sec(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// IEEE half -> float, done with integer operations so the host side needs nothing from CUDA.
-//   half: 1 sign bit, 5 exponent bits (bias 15), 10 mantissa bits.
-static float fp16_to_f32(uint16_t h) {
+// IEEE half -> float. On the host with integer operations, so that the CPU path needs nothing
+// from CUDA; on the GPU, one instruction.   half: 1 sign bit, 5 exponent bits (bias 15), 10 mantissa
+__host__ __device__ static float fp16_to_f32(uint16_t h) {
+#ifdef __CUDA_ARCH__
+    return __half2float(__ushort_as_half(h));
+#else
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t exp = (h >> 10) & 0x1f;
     uint32_t man = h & 0x3ff;
@@ -128,15 +131,19 @@ static float fp16_to_f32(uint16_t h) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+#endif
 }
 
 // bf16 is the top half of an fp32: widening is a shift.
-static float bf16_to_f32(uint16_t b) {
+__host__ __device__ static float bf16_to_f32(uint16_t b) {
     uint32_t bits = (uint32_t)b << 16;
     float f;
     memcpy(&f, &bits, 4);
     return f;
 }
+
+// v rounded to the nearest fp16 (the prefill's weight tiles hold fp16).
+__host__ __device__ static float f16r(float v) { return __half2float(__float2half(v)); }
 
 // ------------------------------------------------------------------------------------------------
 // 2. GGUF reader
@@ -695,6 +702,15 @@ static_assert(sizeof(block_q6_K) == 210, "block_q6_K");
 // The 16 values a 4-bit IQ4 index stands for (non-linear: denser near zero).
 static const int8_t KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                          1,    13,   25,  38,  53,  69,  89,  113};
+__device__ const int8_t D_KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                               1,    13,   25,  38,  53,  69,  89,  113};
+__host__ __device__ static inline int iq4nl_value(int i) {
+#ifdef __CUDA_ARCH__
+    return D_KVALUES_IQ4NL[i];
+#else
+    return KVALUES_IQ4NL[i];
+#endif
+}
 
 // K-quants pack eight 6-bit (scale, min) pairs into 12 bytes:
 //   sub-blocks 0..3: scale = s[j] & 63,                     min = s[j+4] & 63
@@ -710,135 +726,125 @@ __host__ __device__ static void k_scale_min(int j, const uint8_t *s, int *sc, in
     }
 }
 
-static void dequant_q4_0(const block_q4_0 *b, float *y) {
-    float d = fp16_to_f32(b->d);
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * ((b->qs[j] & 0xf) - 8);
-        y[j + 16] = d * ((b->qs[j] >> 4) - 8);
+// w[0..31] = elements 32u .. 32u+31 of a row: unit u. Every format splits into such units (a
+// 32-weight block is one, a 256-weight super-block eight), and this function is the definition of
+// each: the CPU forward pass (dequant_row), the simple GPU mat-vec (matvec_generic_kernel) and the
+// prefill's fp16 copy of a weight (dequant_f16_kernel) all run it, and the fast kernels of section
+// 6 are tested against it. Float types give 0 past n_in. f16_scales: IQ4_XS and Q6_K round the
+// unit's scale to fp16 first, as the prefill's tensor-core decode does (see mm_weight_row).
+__host__ __device__ __forceinline__ void dequant_unit(int type, const uint8_t *row, int u, float *w,
+                                                      int n_in, int f16_scales) {
+    switch (type) {
+    case GGML_TYPE_F32:
+        for (int j = 0; j < 32; j++) w[j] = 32 * u + j < n_in ? ((const float *)row)[32 * u + j] : 0;
+        break;
+    case GGML_TYPE_F16: case GGML_TYPE_BF16:
+        for (int j = 0; j < 32; j++) {
+            uint16_t v = 32 * u + j < n_in ? ((const uint16_t *)row)[32 * u + j] : 0;
+            w[j] = type == GGML_TYPE_F16 ? fp16_to_f32(v) : bf16_to_f32(v);
+        }
+        break;
+    case GGML_TYPE_Q4_0: { // w = d * (q - 8)
+        const block_q4_0 *b = (const block_q4_0 *)row + u;
+        float d = fp16_to_f32(b->d);
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * ((b->qs[j] & 0xf) - 8);
+            w[j + 16] = d * ((b->qs[j] >> 4) - 8);
+        }
+        break;
     }
-}
-static void dequant_q4_1(const block_q4_1 *b, float *y) {
-    float d = fp16_to_f32(b->d), m = fp16_to_f32(b->m);
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * (b->qs[j] & 0xf) + m;
-        y[j + 16] = d * (b->qs[j] >> 4) + m;
+    case GGML_TYPE_Q4_1: { // w = d * q + m
+        const block_q4_1 *b = (const block_q4_1 *)row + u;
+        float d = fp16_to_f32(b->d), m = fp16_to_f32(b->m);
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * (b->qs[j] & 0xf) + m;
+            w[j + 16] = d * (b->qs[j] >> 4) + m;
+        }
+        break;
     }
-}
-static void dequant_q5_0(const block_q5_0 *b, float *y) {
-    float d = fp16_to_f32(b->d);
-    uint32_t qh;
-    memcpy(&qh, b->qh, 4);
-    for (int j = 0; j < 16; j++) {
-        int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
-        y[j] = d * (((b->qs[j] & 0xf) | (h0 << 4)) - 16);
-        y[j + 16] = d * (((b->qs[j] >> 4) | (h1 << 4)) - 16);
+    case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: { // w = d * (q5 - 16), or d * q5 + m
+        int has_m = type == GGML_TYPE_Q5_1;
+        const uint8_t *b = row + (size_t)u * (has_m ? sizeof(block_q5_1) : sizeof(block_q5_0));
+        const uint8_t *qh = b + (has_m ? 4 : 2), *qs = qh + 4;
+        uint32_t h = qh[0] | qh[1] << 8 | qh[2] << 16 | (uint32_t)qh[3] << 24; // bit j: element j
+        float d = fp16_to_f32((uint16_t)(b[0] | b[1] << 8));
+        float m = has_m ? fp16_to_f32((uint16_t)(b[2] | b[3] << 8)) : 0.0f;
+        for (int j = 0; j < 32; j++) {
+            int q5 = ((qs[j % 16] >> 4 * (j / 16)) & 0xf) | ((h >> j) & 1) << 4;
+            w[j] = has_m ? d * q5 + m : d * (q5 - 16);
+        }
+        break;
     }
-}
-static void dequant_q5_1(const block_q5_1 *b, float *y) {
-    float d = fp16_to_f32(b->d), m = fp16_to_f32(b->m);
-    uint32_t qh;
-    memcpy(&qh, b->qh, 4);
-    for (int j = 0; j < 16; j++) {
-        int h0 = (qh >> j) & 1, h1 = (qh >> (j + 16)) & 1;
-        y[j] = d * ((b->qs[j] & 0xf) | (h0 << 4)) + m;
-        y[j + 16] = d * ((b->qs[j] >> 4) | (h1 << 4)) + m;
+    case GGML_TYPE_Q8_0: { // w = d * q
+        const block_q8_0 *b = (const block_q8_0 *)row + u;
+        float d = fp16_to_f32(b->d);
+        for (int j = 0; j < 32; j++) w[j] = d * b->qs[j];
+        break;
     }
-}
-static void dequant_q8_0(const block_q8_0 *b, float *y) {
-    float d = fp16_to_f32(b->d);
-    for (int j = 0; j < 32; j++) y[j] = d * b->qs[j];
-}
-static void dequant_iq4_nl(const block_iq4_nl *b, float *y) {
-    float d = fp16_to_f32(b->d);
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * KVALUES_IQ4NL[b->qs[j] & 0xf];
-        y[j + 16] = d * KVALUES_IQ4NL[b->qs[j] >> 4];
+    case GGML_TYPE_IQ4_NL: { // w = d * kvalues[q]
+        const block_iq4_nl *b = (const block_iq4_nl *)row + u;
+        float d = fp16_to_f32(b->d);
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * iq4nl_value(b->qs[j] & 0xf);
+            w[j + 16] = d * iq4nl_value(b->qs[j] >> 4);
+        }
+        break;
     }
-}
-// f16_scales: round each sub-block scale to fp16 first (the prefill's decode, see mm_weight_row)
-static float f16r(float v) { return __half2float(__float2half(v)); }
-static void dequant_iq4_xs(const block_iq4_xs *b, float *y, int f16_scales) {
-    float d = fp16_to_f32(b->d);
-    for (int ib = 0; ib < 8; ib++) {
-        int ls = iq4_xs_ls(b, ib);
-        float dl = d * (ls - 32);
+    case GGML_TYPE_IQ4_XS: { // sub-block ib = u % 8 of a super-block: w = d * (ls - 32) * kvalues[q]
+        const block_iq4_xs *b = (const block_iq4_xs *)row + u / 8;
+        int ib = u % 8;
+        float dl = fp16_to_f32(b->d) * (iq4_xs_ls(b, ib) - 32);
         if (f16_scales) dl = f16r(dl);
         const uint8_t *q = b->qs + 16 * ib;
         for (int j = 0; j < 16; j++) {
-            y[32 * ib + j] = dl * KVALUES_IQ4NL[q[j] & 0xf];
-            y[32 * ib + 16 + j] = dl * KVALUES_IQ4NL[q[j] >> 4];
+            w[j] = dl * iq4nl_value(q[j] & 0xf);
+            w[j + 16] = dl * iq4nl_value(q[j] >> 4);
         }
+        break;
     }
-}
-static void dequant_q4_K(const block_q4_K *b, float *y) {
-    float d = fp16_to_f32(b->d), dmin = fp16_to_f32(b->dmin);
-    for (int c = 0; c < 4; c++) { // 4 chunks of 64 = two sub-blocks sharing 32 bytes of qs
-        const uint8_t *q = b->qs + 32 * c;
-        int sc1, m1, sc2, m2;
-        k_scale_min(2 * c, b->scales, &sc1, &m1);
-        k_scale_min(2 * c + 1, b->scales, &sc2, &m2);
-        for (int l = 0; l < 32; l++) {
-            y[64 * c + l] = d * sc1 * (q[l] & 0xf) - dmin * m1;
-            y[64 * c + 32 + l] = d * sc2 * (q[l] >> 4) - dmin * m2;
-        }
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: { // w = d * sc * q - dmin * m  (q: 4 or 5 bits)
+        // sub-block sub: low nibbles of qs[32 (sub/2) ..] when even, high when odd; Q5_K's 5th
+        // bit of element l is bit sub of qh[l]
+        int five = type == GGML_TYPE_Q5_K, sub = u % 8, shift = 4 * (sub % 2);
+        const block_q4_K *b4 = (const block_q4_K *)row + u / 8;
+        const block_q5_K *b5 = (const block_q5_K *)row + u / 8;
+        const uint8_t *q = (five ? b5->qs : b4->qs) + 32 * (sub / 2);
+        int sc, m;
+        k_scale_min(sub, five ? b5->scales : b4->scales, &sc, &m);
+        float d = fp16_to_f32(five ? b5->d : b4->d) * sc, dm = fp16_to_f32(five ? b5->dmin : b4->dmin) * m;
+        for (int l = 0; l < 32; l++)
+            w[l] = d * (((q[l] >> shift) & 0xf) + (five ? 16 * ((b5->qh[l] >> sub) & 1) : 0)) - dm;
+        break;
     }
-}
-static void dequant_q5_K(const block_q5_K *b, float *y) {
-    float d = fp16_to_f32(b->d), dmin = fp16_to_f32(b->dmin);
-    for (int c = 0; c < 4; c++) {
-        const uint8_t *q = b->qs + 32 * c;
-        int sc1, m1, sc2, m2;
-        k_scale_min(2 * c, b->scales, &sc1, &m1);
-        k_scale_min(2 * c + 1, b->scales, &sc2, &m2);
+    case GGML_TYPE_Q6_K: { // w = d * sc * (q6 - 32), an int8 scale per 16 weights
+        // unit `sub` of a super-block: half n = sub / 4 (128 weights), quarter j = sub % 4 picks
+        // the low or high nibbles of ql or ql + 32, and bits 2j, 2j+1 of qh
+        const block_q6_K *b = (const block_q6_K *)row + u / 8;
+        int sub = u % 8, n = sub / 4, j = sub % 4;
+        const uint8_t *ql = b->ql + 64 * n + 32 * (j % 2), *qh = b->qh + 32 * n;
+        const int8_t *sc = b->scales + 8 * n + 2 * j;
+        float d = fp16_to_f32(b->d);
         for (int l = 0; l < 32; l++) {
-            int hi1 = (b->qh[l] >> (2 * c)) & 1, hi2 = (b->qh[l] >> (2 * c + 1)) & 1;
-            y[64 * c + l] = d * sc1 * ((q[l] & 0xf) + 16 * hi1) - dmin * m1;
-            y[64 * c + 32 + l] = d * sc2 * ((q[l] >> 4) + 16 * hi2) - dmin * m2;
+            float s = f16_scales ? f16r(d * sc[l / 16]) : d * sc[l / 16];
+            w[l] = s * ((((ql[l] >> 4 * (j / 2)) & 0xf) | (((qh[l] >> 2 * j) & 3) << 4)) - 32);
         }
+        break;
     }
-}
-static void dequant_q6_K(const block_q6_K *b, float *y, int f16_scales) {
-    float d = fp16_to_f32(b->d);
-    for (int n = 0; n < 2; n++) { // two halves of 128
-        const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
-        const int8_t *sc = b->scales + 8 * n;
-        float *yy = y + 128 * n;
-        for (int l = 0; l < 32; l++) {
-            int is = l / 16;
-            int q1 = ((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
-            int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            float s[4]; // d * sc of the four groups this l touches
-            for (int t = 0; t < 4; t++) s[t] = f16_scales ? f16r(d * sc[is + 2 * t]) : d * sc[is + 2 * t];
-            yy[l] = s[0] * q1;
-            yy[l + 32] = s[1] * q2;
-            yy[l + 64] = s[2] * q3;
-            yy[l + 96] = s[3] * q4;
-        }
     }
 }
 
-// Dequantize n consecutive elements (n a multiple of the block size) of any supported type.
+// Dequantize n consecutive elements of any supported type (n a multiple of its block size).
 static void dequant_row(int type, const void *src, float *y, int64_t n) {
     const uint8_t *p = (const uint8_t *)src;
-    int64_t nb = n / TYPE_TRAITS[type].blck;
-    switch (type) {
-    case GGML_TYPE_F32: memcpy(y, src, (size_t)n * 4); break;
-    case GGML_TYPE_F16: for (int64_t i = 0; i < n; i++) y[i] = fp16_to_f32(((const uint16_t *)src)[i]); break;
-    case GGML_TYPE_BF16: for (int64_t i = 0; i < n; i++) y[i] = bf16_to_f32(((const uint16_t *)src)[i]); break;
-    case GGML_TYPE_Q4_0: for (int64_t i = 0; i < nb; i++) dequant_q4_0((const block_q4_0 *)p + i, y + 32 * i); break;
-    case GGML_TYPE_Q4_1: for (int64_t i = 0; i < nb; i++) dequant_q4_1((const block_q4_1 *)p + i, y + 32 * i); break;
-    case GGML_TYPE_Q5_0: for (int64_t i = 0; i < nb; i++) dequant_q5_0((const block_q5_0 *)p + i, y + 32 * i); break;
-    case GGML_TYPE_Q5_1: for (int64_t i = 0; i < nb; i++) dequant_q5_1((const block_q5_1 *)p + i, y + 32 * i); break;
-    case GGML_TYPE_Q8_0: for (int64_t i = 0; i < nb; i++) dequant_q8_0((const block_q8_0 *)p + i, y + 32 * i); break;
-    case GGML_TYPE_IQ4_NL: for (int64_t i = 0; i < nb; i++) dequant_iq4_nl((const block_iq4_nl *)p + i, y + 32 * i); break;
-    case GGML_TYPE_IQ4_XS: for (int64_t i = 0; i < nb; i++) dequant_iq4_xs((const block_iq4_xs *)p + i, y + 256 * i, 0); break;
-    case GGML_TYPE_Q4_K: for (int64_t i = 0; i < nb; i++) dequant_q4_K((const block_q4_K *)p + i, y + 256 * i); break;
-    case GGML_TYPE_Q5_K: for (int64_t i = 0; i < nb; i++) dequant_q5_K((const block_q5_K *)p + i, y + 256 * i); break;
-    case GGML_TYPE_Q6_K: for (int64_t i = 0; i < nb; i++) dequant_q6_K((const block_q6_K *)p + i, y + 256 * i, 0); break;
-    default: die("dequant_row: unsupported type %s", type_name(type));
+    if (!type_supported(type)) die("dequant_row: unsupported type %s", type_name(type));
+    if (TYPE_TRAITS[type].blck == 1) { // float rows: any length
+        for (int64_t i = 0; i < n; i++)
+            y[i] = type == GGML_TYPE_F32   ? ((const float *)src)[i]
+                   : type == GGML_TYPE_F16 ? fp16_to_f32(((const uint16_t *)src)[i])
+                                           : bf16_to_f32(((const uint16_t *)src)[i]);
+        return;
     }
+    for (int64_t u = 0; u < n / 32; u++) dequant_unit(type, p, (int)u, y + 32 * u, (int)n, 0);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1499,11 +1505,20 @@ static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 6. GPU kernels
+// 6. GPU mat-vec: y = W x
 // ------------------------------------------------------------------------------------------------
-// One kernel per operation; the C twin of each is named in its comment. Only sm_70 features are
-// used (no bf16 arithmetic, no cp.async, no ldmatrix/mma.m16n8k*), so the same source builds for a
-// V100 and runs on every later card.
+// Decode multiplies every weight matrix by one vector per token, so a token takes as long as it
+// takes to read the weights: the mat-vec must stream them at close to the card's bandwidth. This
+// section builds it up in steps:
+//   6.1 the simple mat-vec: any type, one warp per row, fp32 (twin: matvec_c);
+//   6.2 16-bit activations: the input vector as integers, for dp4a (twin: quantize_block_c);
+//   6.3 the planes: the four fast types' weights rewritten at upload for 16-byte loads;
+//   6.4 one 32-weight sub-block times one activation block, per fast type (sub_load, sub_dot);
+//   6.5 the streaming mat-vec, for long launches (twin of 6.5 and 6.6: matvec_xq_c);
+//   6.6 the per-block mat-vec, for short launches;
+//   6.7 matvec(): which of them a launch takes.
+// Only sm_70 features are used (no bf16 arithmetic, no cp.async, no ldmatrix or mma.m16n8k*), so
+// one source builds for a V100 and runs on every later card.
 
 #define WARP 32
 
@@ -1515,144 +1530,37 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ float block_sum(float v) {
+// Sum (MAX: maximum) over the whole block (blockDim.x a multiple of 32, at most 1024); every
+// thread gets it.
+template <bool MAX> __device__ float block_reduce(float v) {
     __shared__ float part[32];
     __shared__ float total;
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
-    v = warp_sum(v);
+    v = MAX ? warp_max(v) : warp_sum(v);
     if (lane == 0) part[wid] = v;
     __syncthreads();
     if (wid == 0) {
-        v = lane < (int)(blockDim.x / WARP) ? part[lane] : 0.0f;
-        v = warp_sum(v);
+        v = lane < (int)(blockDim.x / WARP) ? part[lane] : MAX ? -INFINITY : 0.0f;
+        v = MAX ? warp_max(v) : warp_sum(v);
         if (lane == 0) total = v;
     }
     __syncthreads();
     float r = total;
-    __syncthreads(); // part/total may be reused by the next call
+    __syncthreads(); // part and total may be reused by the next call
     return r;
 }
-__device__ float block_max(float v) {
-    __shared__ float part[32];
-    __shared__ float total;
-    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP;
-    v = warp_max(v);
-    if (lane == 0) part[wid] = v;
-    __syncthreads();
-    if (wid == 0) {
-        v = lane < (int)(blockDim.x / WARP) ? part[lane] : -INFINITY;
-        v = warp_max(v);
-        if (lane == 0) total = v;
-    }
-    __syncthreads();
-    float r = total;
-    __syncthreads();
-    return r;
-}
+__device__ float block_sum(float v) { return block_reduce<false>(v); }
+__device__ float block_max(float v) { return block_reduce<true>(v); }
 
 __device__ __forceinline__ float h2f(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
-// SiLU(x) = x * sigmoid(x) = x / (1 + e^-x), with the fast exponential (C twin: silu_c, with expf).
+// SiLU(x) = x * sigmoid(x) = x / (1 + e^-x), with the fast exponential (C twin: silu_c, expf).
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
-__device__ const int8_t D_KVALUES_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
-                                               1,    13,   25,  38,  53,  69,  89,  113};
-
-// --- generic mat-vec: units of 32 weights ---------------------------------------------------------
-// dq32<TYPE>(row, u, w, n_in) writes w[j] = element 32u + j of the dequantized row (exactly the
-// values of dequant_row; float types give 0 past n_in). Every supported type splits into such units:
-// a 32-block is one unit, a 256-superblock is eight. The generic mat-vec dots the units with x; the
-// prefill's weight tiles (section 6b) are built from the same units.
-
-template <int TYPE> __device__ void dq32(const uint8_t *row, int u, float *w, int n_in);
-
-template <> __device__ void dq32<GGML_TYPE_F32>(const uint8_t *row, int u, float *w, int n_in) {
-    for (int j = 0; j < 32; j++) w[j] = 32 * u + j < n_in ? ((const float *)row)[32 * u + j] : 0.0f;
-}
-template <> __device__ void dq32<GGML_TYPE_F16>(const uint8_t *row, int u, float *w, int n_in) {
-    for (int j = 0; j < 32; j++) w[j] = 32 * u + j < n_in ? h2f(((const uint16_t *)row)[32 * u + j]) : 0.0f;
-}
-template <> __device__ void dq32<GGML_TYPE_BF16>(const uint8_t *row, int u, float *w, int n_in) {
-    for (int j = 0; j < 32; j++)
-        w[j] = 32 * u + j < n_in ? __uint_as_float((uint32_t)((const uint16_t *)row)[32 * u + j] << 16) : 0.0f;
-}
-template <> __device__ void dq32<GGML_TYPE_Q4_0>(const uint8_t *row, int u, float *w, int) {
-    const block_q4_0 *b = (const block_q4_0 *)row + u;
-    float d = h2f(b->d);
-    for (int j = 0; j < 16; j++) { w[j] = d * ((b->qs[j] & 0xf) - 8); w[j + 16] = d * ((b->qs[j] >> 4) - 8); }
-}
-template <> __device__ void dq32<GGML_TYPE_Q4_1>(const uint8_t *row, int u, float *w, int) {
-    const block_q4_1 *b = (const block_q4_1 *)row + u;
-    float d = h2f(b->d), m = h2f(b->m);
-    for (int j = 0; j < 16; j++) { w[j] = d * (b->qs[j] & 0xf) + m; w[j + 16] = d * (b->qs[j] >> 4) + m; }
-}
-template <> __device__ void dq32<GGML_TYPE_Q5_0>(const uint8_t *row, int u, float *w, int) {
-    const block_q5_0 *b = (const block_q5_0 *)row + u;
-    uint32_t qh = b->qh[0] | (b->qh[1] << 8) | (b->qh[2] << 16) | ((uint32_t)b->qh[3] << 24);
-    float d = h2f(b->d);
-    for (int j = 0; j < 16; j++) {
-        w[j] = d * ((int)((b->qs[j] & 0xf) | (((qh >> j) & 1) << 4)) - 16);
-        w[j + 16] = d * ((int)((b->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) - 16);
-    }
-}
-template <> __device__ void dq32<GGML_TYPE_Q5_1>(const uint8_t *row, int u, float *w, int) {
-    const block_q5_1 *b = (const block_q5_1 *)row + u;
-    uint32_t qh = b->qh[0] | (b->qh[1] << 8) | (b->qh[2] << 16) | ((uint32_t)b->qh[3] << 24);
-    float d = h2f(b->d), m = h2f(b->m);
-    for (int j = 0; j < 16; j++) {
-        w[j] = d * ((b->qs[j] & 0xf) | (((qh >> j) & 1) << 4)) + m;
-        w[j + 16] = d * ((b->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) + m;
-    }
-}
-template <> __device__ void dq32<GGML_TYPE_Q8_0>(const uint8_t *row, int u, float *w, int) {
-    const block_q8_0 *b = (const block_q8_0 *)row + u;
-    float d = h2f(b->d);
-    for (int j = 0; j < 32; j++) w[j] = d * b->qs[j];
-}
-template <> __device__ void dq32<GGML_TYPE_IQ4_NL>(const uint8_t *row, int u, float *w, int) {
-    const block_iq4_nl *b = (const block_iq4_nl *)row + u;
-    float d = h2f(b->d);
-    for (int j = 0; j < 16; j++) { w[j] = d * D_KVALUES_IQ4NL[b->qs[j] & 0xf]; w[j + 16] = d * D_KVALUES_IQ4NL[b->qs[j] >> 4]; }
-}
-template <> __device__ void dq32<GGML_TYPE_IQ4_XS>(const uint8_t *row, int u, float *w, int) {
-    const block_iq4_xs *b = (const block_iq4_xs *)row + u / 8;
-    int ib = u % 8;
-    int ls = iq4_xs_ls(b, ib);
-    float dl = h2f(b->d) * (ls - 32);
-    const uint8_t *q = b->qs + 16 * ib;
-    for (int j = 0; j < 16; j++) { w[j] = dl * D_KVALUES_IQ4NL[q[j] & 0xf]; w[j + 16] = dl * D_KVALUES_IQ4NL[q[j] >> 4]; }
-}
-template <> __device__ void dq32<GGML_TYPE_Q4_K>(const uint8_t *row, int u, float *w, int) {
-    const block_q4_K *b = (const block_q4_K *)row + u / 8;
-    int sub = u % 8, shift = 4 * (sub % 2); // sub-block 2c: low nibbles of qs[32c..], 2c+1: high
-    const uint8_t *q = b->qs + 32 * (sub / 2);
-    int sc, m;
-    k_scale_min(sub, b->scales, &sc, &m);
-    float d = h2f(b->d) * sc, dm = h2f(b->dmin) * m;
-    for (int l = 0; l < 32; l++) w[l] = d * ((q[l] >> shift) & 0xf) - dm;
-}
-template <> __device__ void dq32<GGML_TYPE_Q5_K>(const uint8_t *row, int u, float *w, int) {
-    const block_q5_K *b = (const block_q5_K *)row + u / 8;
-    int sub = u % 8, shift = 4 * (sub % 2);
-    const uint8_t *q = b->qs + 32 * (sub / 2);
-    int sc, m;
-    k_scale_min(sub, b->scales, &sc, &m);
-    float d = h2f(b->d) * sc, dm = h2f(b->dmin) * m;
-    for (int l = 0; l < 32; l++) w[l] = d * (((q[l] >> shift) & 0xf) + 16 * ((b->qh[l] >> sub) & 1)) - dm;
-}
-template <> __device__ void dq32<GGML_TYPE_Q6_K>(const uint8_t *row, int u, float *w, int) {
-    const block_q6_K *b = (const block_q6_K *)row + u / 8;
-    int sub = u % 8, n = sub / 4, j = sub % 4; // half n, quarter j: (low|high nibble) x (ql|ql+32)
-    const uint8_t *ql = b->ql + 64 * n + 32 * (j % 2), *qh = b->qh + 32 * n;
-    const int8_t *sc = b->scales + 8 * n + 2 * j; // the two 16-element halves have their own scale
-    int lshift = 4 * (j / 2), hshift = 2 * j;
-    float d = h2f(b->d);
-    for (int l = 0; l < 32; l++) w[l] = d * sc[l / 16] * ((((ql[l] >> lshift) & 0xf) | (((qh[l] >> hshift) & 3) << 4)) - 32);
-}
-
+// --- 6.1 the simple mat-vec ---------------------------------------------------------------------
 // y[r] = W[r,:] . x (+ bias[r]) (+ y[r] when accumulate). One warp per row; the lanes take the
-// row's 32-weight units in turn and their partial sums meet in a shuffle reduction.
-// C twin: matvec_c.
+// row's 32-weight units in turn (dequant_unit, the format's definition) and their partial sums
+// meet in a shuffle reduction. Every type the engine reads runs here; the fast types take the
+// kernels of 6.5 and 6.6 instead. C twin: matvec_c.
 template <int TYPE>
 __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride bytes)
                                       size_t row_stride,
@@ -1667,7 +1575,7 @@ __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride
     float sum = 0.0f;
     for (int u = lane; u < n_units; u += WARP) {
         float wu[32];
-        dq32<TYPE>(w, u, wu, n_in);
+        dequant_unit(TYPE, w, u, wu, n_in, 0);
         const float *xu = x + 32 * u;
         for (int j = 0; j < 32 && 32 * u + j < n_in; j++) sum += wu[j] * xu[j];
     }
@@ -1678,7 +1586,7 @@ __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride
     }
 }
 
-// --- 16-bit activations for the fast mat-vecs ----------------------------------------------------
+// --- 6.2 16-bit activations for the fast mat-vecs ------------------------------------------------
 // The four types that carry the bytes of real files (Q4_0, IQ4_XS, Q5_K, Q6_K) are multiplied with
 // integer dot products (dp4a: 4 int8 products summed into an int32 in one instruction, sm_61+).
 // Their input vector is carried as 16-bit integers with one fp32 scale per 32 values:
@@ -1730,6 +1638,21 @@ static void quantize_block_c(const float *x /* (32) */, int8_t *H /* (32) */, in
     *sum = total;
 }
 
+// C twin of the fast mat-vecs (6.5, 6.6): y = W x^ (+ bias) (+ y), the dequantized weights against
+// the dequantized 16-bit activations x^ = s * (256 H + L), summed in double.
+static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int8_t *L /* (n_in) */,
+                        const float *s /* (n_in/32) */, const float *bias /* (n_out) or NULL */, float *y /* (n_out) */,
+                        int accumulate, float *row /* (n_in) scratch */) {
+    size_t rb = row_bytes(W->type, W->n_in);
+    for (int64_t r = 0; r < W->n_out; r++) {
+        dequant_row(W->type, W->host + r * rb, row, W->n_in);
+        double sum = 0.0;
+        for (int64_t i = 0; i < W->n_in; i++) sum += (double)row[i] * s[i / 32] * (256 * H[i] + L[i]);
+        if (bias) sum += bias[r];
+        y[r] = accumulate ? y[r] + (float)sum : (float)sum;
+    }
+}
+
 // The quantizer on the GPU: the 32 lanes of a warp hold the 32 values of block b, one each.
 __device__ void quantize_block_warp(float v, XQ xq, int b, int nb) {
     int lane = threadIdx.x % WARP;
@@ -1748,51 +1671,37 @@ __device__ void quantize_block_warp(float v, XQ xq, int b, int nb) {
     }
 }
 
-// Quantize a whole fp32 vector (n a multiple of 32): one warp per block. C twin: quantize_block_c.
-// (The tests' entry to quantize_block_warp: the engine quantizes inside the kernels that produce
-// the vectors.)
-__global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
-    int b = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, nb = n / 32;
-    if (b < nb) quantize_block_warp(x[32 * b + threadIdx.x % WARP], xq, b, nb);
-}
-
-// --- GPU weight layout: the fast types as 16-byte planes -----------------------------------------
+// --- 6.3 the planes: the fast types' weights laid out for 16-byte loads ---------------------------
 // The file's blocks are 18, 136, 176 and 210 bytes long, which breaks 16-byte loads. At upload they
-// are rewritten (same bytes per weight, nothing lost) as planes indexed by g, the global number of a
-// 32-weight sub-block (g = row * n_in/32 + k), NB sub-blocks in the tensor:
+// are rewritten (the same bytes per weight, nothing lost) as planes indexed by g, the number of a
+// 32-weight sub-block in the tensor (g = row * n_in/32 + k row by row), NB sub-blocks in all:
 //
 //   every type  qs plane (NB x 16 B): byte j = value of element j (low nibble) | element j+16 (high)
 //   Q4_0        d plane  (NB x fp16)
-//   IQ4_XS      qs plane instead: word k holds 4-bit codes (iq4_code), lowest bits first, of elements
-//               4k..4k+3 then 16+4k..16+4k+3 (the order iq4_lookup8 decodes them in);
-//               hdr plane (NB/8 x 8 B):  d (fp16) in bits 0-15, then the 6-bit scale ls of sub-block i
-//               in bits 16+6i .. 21+6i (the file splits it in scales_l and scales_h; iq4_plane_ls)
-//   Q5_K        qh plane (NB x 4 B): bit e = 5th bit of element e;  hdr plane (NB/8 x 16 B): d, dmin, scales[12]
-//   Q6_K        qh plane (NB x 8 B): word w (w = 0: elements 0..15, 1: 16..31), byte b, bits 2m..2m+1 =
-//               high 2 bits of element 16w + 4m + b;  sc plane (NB/8 x 16 int8);  d plane (NB/8 x fp16)
+//   IQ4_XS      qs plane instead: word k holds the 4-bit codes (iq4_code), lowest bits first, of
+//               elements 4k..4k+3 then 16+4k..16+4k+3 (the order iq4_lookup8 decodes them in);
+//               hdr plane (NB/8 x 8 B): d (fp16) in bits 0-15, then the 6-bit scale ls of sub-block
+//               i in bits 16+6i .. 21+6i (the file splits it into scales_l and scales_h)
+//   Q5_K        qh plane (NB x 4 B): bit e = 5th bit of element e
+//               hdr plane (NB/8 x 16 B): d, dmin, scales[12]
+//   Q6_K        qh plane (NB x 8 B): word w (0: elements 0..15, 1: 16..31), byte b, bits 2m..2m+1
+//               = high 2 bits of element 16w + 4m + b;  sc plane (NB/8 x 16 int8);
+//               d plane (NB/8 x fp16)
 //
-// repack_c is the C twin (the engine never calls it; the tests check repack_kernel, the IQ4_XS
-// lookup and the step order with it).
+// C twin: repack_c (the tests check repack_kernel, the IQ4_XS lookup and the step order with it).
 //
-// Step order (a first reading can skip it until the streaming mat-vec, "--- streaming mat-vec"
-// below, which it serves). The streaming mat-vec cuts a matrix into units of MV_ROWS rows x 32
-// sub-blocks (unit c = group c / cpr, chunk c % cpr, cpr = n_sub / 32) and gives every warp of the
-// grid a run of upw consecutive units; at step k of the launch, warp w reads the k-th unit of its run.
-// Row by row those units lie upw units apart, one place per warp (2112-2640 on an H200) spread over
-// the whole matrix at once; DRAM streams them faster when they lie side by side. So the matrices
-// that a streaming launch reads (gate and up, the DeltaNet in-projections, the output matrix, as the
-// launches are planned at load) are stored with the units in the order (step k, warp w), each unit's
-// MV_ROWS rows of 32 sub-blocks together: g = (slot * MV_ROWS + r) * 32 + l for row r of the unit,
-// sub-block l of its chunk.
-// Everything else about the planes is unchanged, per sub-block (g) and per super-block (g / 8).
-// Measured: Q4_0 files 1.4-2.0 % faster a token (27B gate/up 31.7 -> 30.2 us); launches with an
-// IQ4_XS matrix stay row by row (step_order_group; test/PERF_NOTES.md runs 16 and 21).
-// Only matrices whose rows are whole chunks and whose row count is a multiple of MV_ROWS are stored so.
-#ifndef MV_ROWS
-// rows per unit of the streaming mat-vec: each activation load serves this many (measured best of
-// 1, 2, 4; 8 slower, PERF_NOTES run 12)
-#define MV_ROWS 4
-#endif
+// Step order (a first reading can skip it until 6.5, the streaming mat-vec it serves). The
+// streaming mat-vec cuts a matrix into units of MV_ROWS rows x 32 sub-blocks (unit c = row group
+// c / cpr, chunk c % cpr, cpr = n_sub / 32) and gives every warp of its grid a run of upw
+// consecutive units; at step k of the launch, warp w reads the k-th unit of its run. Row by row,
+// the units read at one step lie upw units apart, one place per warp, spread over the whole matrix;
+// DRAM streams them faster when they lie side by side. So the matrices of the streaming launches
+// without IQ4_XS (step_order_group says why not IQ4_XS) are stored with their units in the order
+// (step k, warp w), each unit's MV_ROWS rows of 32 sub-blocks together: g = (slot * MV_ROWS + r) *
+// 32 + l for row r of the unit, sub-block l of its chunk. Only matrices whose rows are whole chunks
+// and whose row count is a multiple of MV_ROWS are stored so. The rest of the layout is unchanged,
+// per sub-block (g) and per super-block (g / 8).
+#define MV_ROWS 4 // rows per unit of the streaming mat-vec: each activation load serves 4 rows
 // The slot of unit c of a tensor in step order. Its units are [F, G) of the launch's stream (F =
 // so.first, G = F + so.units); warps w0 = F / upw .. w1 = (G - 1) / upw read them, nw in all. Every
 // warp has steps 0 .. upw-1 of them but the first, which starts at k0 = F - w0 * upw, and the last,
@@ -1923,6 +1832,7 @@ static void repack_c(int type, const uint8_t *src /* (n_blocks) file blocks */, 
     for (size_t i = 0; i < n_blocks; i++) repack_block(type, src + i * TYPE_TRAITS[type].type_size, dst, i, NB, so, n_sub);
 }
 
+// The repack at upload, one thread per file block. C twin: repack_c.
 __global__ void repack_kernel(int type, int type_size, const uint8_t *src /* (n_blocks) file blocks */,
                               uint8_t *dst /* planes, NB sub-blocks */, size_t b0, size_t n_blocks, size_t NB,
                               StepOrder so, int n_sub) {
@@ -1930,11 +1840,10 @@ __global__ void repack_kernel(int type, int type_size, const uint8_t *src /* (n_
     if (i < n_blocks) repack_block(type, src + i * type_size, dst, b0 + i, NB, so, n_sub);
 }
 
-// --- fast mat-vec: one 32-weight sub-block against one 16-bit activation block -------------------
+// --- 6.4 one sub-block times one activation block, per fast type -------------------------------
 // sum_{e<32} w[e] * x^[e] for sub-block g of the weights, where x^ = s * X is the quantized
-// activation block. The weights' 32 values are rebuilt as int8 lanes of
-// eight 32-bit words (lo[k]: elements 4k..4k+3, hi[k]: 16+4k..16+4k+3), which pair with the
-// activation chunks as they are stored.
+// activation block. The weights' 32 values are rebuilt as int8 lanes of eight 32-bit words (lo[k]:
+// elements 4k..4k+3, hi[k]: 16+4k..16+4k+3), which pair with the activation chunks as stored.
 
 typedef struct {
     int4 h0, h1, l0, l1; // the four 16-byte chunks of X = 256*H + L
@@ -1990,16 +1899,12 @@ typedef struct {
     int e;   // per type: one more word
 } WSub;
 
-// Weight loads of the mat-vecs: ld.global.cs, "cache streaming": the lines are allocated evict-first
-// in L1 and L2. A token streams ~15 GB of weights through a 50 MB L2 (6 MB on a V100); with normal
-// loads they would push out everything else in it on the way: the kernels' instructions, the input
-// vectors, the KV cache, the norms' weights, so that every launch started on DRAM misses. Measured
-// on the H200 against ld.global.cg (L2 only, normal priority), the weights alone: 27B IQ4_XS 6.57 ->
-// 6.50 ms per token, Qwen3-32B Q4_0 7.27 -> 6.82 (with the DeltaNet state and the K/V rows also
-// evict-first: 6.45 and 6.75; 64 attention layers, whose kernel had stalled on instruction
-// misses; test/PERF_NOTES.md run 12). Not the read-only path (__ldg, ld.global.nc): there ptxas
-// may drop a loaded register and load it again next to its use, which would undo the loads in
-// flight that the kernels below arrange.
+// Weight loads of the mat-vecs: ld.global.cs, "cache streaming": the lines are allocated
+// evict-first in L1 and L2. A token streams ~15 GB of weights through a 50 MB L2 (6 MB on a V100);
+// with normal loads they would push everything else out of it on the way (the kernels'
+// instructions, the input vectors, the KV cache, the norms' weights), so that every launch would
+// start on DRAM misses. Not the read-only path (__ldg, ld.global.nc): there ptxas may drop a loaded
+// register and load it again next to its use, undoing the loads in flight the kernels arrange.
 __device__ __forceinline__ int4 ldw(const int4 *p) {
     int4 v;
     asm volatile("ld.global.cs.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -2021,13 +1926,10 @@ __device__ __forceinline__ unsigned short ldw(const unsigned short *p) {
     return v;
 }
 
-// The mat-vecs' copy of the tables' first words. prmt's first source must be a register (the second
-// may be an immediate). Given as constants, the sm_90 compilers (CUDA 13's ptxas, and the driver's
-// JIT of the sm_70 PTX on an H200) rebuild the constant in a fresh register before nearly every prmt
-// that uses it: ~57 more instructions on each unit of 4 rows x 32 weights, ~368 in all (the SASS of
-// the 640-thread IQ4_XS kernel). Read from memory once per run, they stay in two registers: 27B
-// IQ4_XS 6.147 -> 6.068 ms a token, Qwen3-32B IQ4_XS 6.945 -> 6.775 (H200, test/PERF_NOTES.md run
-// 20). CUDA 11.8's sm_70 code kept them in registers already.
+// The mat-vecs' copy of the tables' first words. prmt's first source must be a register (the
+// second may be an immediate). Given as constants, the sm_90 compilers (CUDA 13's ptxas, and the
+// driver's JIT of the sm_70 PTX) rebuild the constant in a fresh register before nearly every prmt
+// that uses it; read from memory once per run, they stay in two registers.
 typedef struct { int a0, d0; } Iq4Lut;
 __device__ Iq4Lut d_iq4_lut = {(int)IQ4_A0, (int)IQ4_D0}; // never written: not const, so not folded
 
@@ -2061,8 +1963,7 @@ template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const WSub 
 // The sum is one 32-bit add for all four bytes: A[j] + D[j] = B[j] has A[j]'s sign, so no byte
 // carries into the next (a negative byte 0x80..0xff stays below 0x100, a positive one below 0x80).
 // An add rather than an xor leaves ptxas free to issue some of them on the FMA pipe (IMAD) instead
-// of the ALU pipe that the masks, shifts and prmt keep busy (27B IQ4_XS decode 0.3 % faster,
-// Qwen3-32B IQ4_XS 0.6 %; test/PERF_NOTES.md run 15).
+// of the ALU pipe that the masks, shifts and prmt keep busy.
 // prmt() and this function run on the host too (the CI tests check the tables against kvalues).
 __host__ __device__ __forceinline__ int prmt(int a, int b, int sel) {
 #ifdef __CUDA_ARCH__
@@ -2184,44 +2085,41 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
     return b;
 }
 
-// --- streaming mat-vec: the fast types' mat-vecs of a token ---------------------------------------
-// One launch computes up to BATCH_MAX matrices that read the same input (q, k, v; DeltaNet's qkv, z,
-// beta, alpha; gate and up). Rows are taken MV_ROWS at a time (a row group) and cut into chunks of
-// 32 sub-blocks (1024 weights): lane l of a warp takes sub-block 32*kk + l of chunk kk of every row
-// of the group, so each activation block it loads serves MV_ROWS rows. The (group, chunk) units of
-// all the matrices are laid end to end as one stream, and every warp of the grid takes an equal run
-// of it:
+// --- 6.5 the streaming mat-vec ------------------------------------------------------------------
+// One launch computes up to BATCH_MAX matrices that read the same input (q, k, v; DeltaNet's qkv,
+// z, beta, alpha; gate and up). Rows are taken MV_ROWS at a time (a row group) and cut into chunks
+// of 32 sub-blocks (1024 weights): lane l of a warp takes sub-block 32*kk + l of chunk kk of every
+// row of the group, so each activation block it loads serves MV_ROWS rows. The (group, chunk)
+// units of all the matrices are laid end to end as one stream, and every warp of the grid takes an
+// equal run of it:
 //
 //     | matrix 0: group 0 (kk = 0 1 2 ..) group 1 ... | matrix 1: ...         |
 //     [ warp 0 run   ][ warp 1 run   ][ warp 2 run   ][ ...
 //
-// The grid is as many warps as the GPU holds at once (16 or 20 per SM, below): one wave, no
-// block waits for a free slot and there is no block-wide barrier. Inside a run a warp keeps the next
-// unit's weight loads in flight while it multiplies the current one: the moment row r of unit c has
-// been multiplied, the loads of row r of unit c + 1 go out into the registers it freed. A group's 32
+// The grid is as many warps as the GPU holds at once (16 or 20 per SM, below): one wave, so no
+// block waits for a free slot, and no block-wide barrier. Inside a run a warp keeps the next unit's
+// weight loads in flight while it multiplies the current one: the moment row r of unit c has been
+// multiplied, the loads of row r of unit c + 1 go out into the registers it freed. A group's 32
 // lane sums per row meet in warp shuffles after its last chunk.
 //
 // Runs are cut wherever the equal split falls, so a group (its rows' dot products) may be shared by
 // neighbouring warps, whose parts of the row sums meet in mv_rows_part. So every warp gets the same
 // work however the shapes divide, and even a small matrix spreads over the whole GPU. Weights are
-// loaded evict-first (ld.global.cs, ldw): they are read once, and L1 and L2 keep the input vector.
+// loaded evict-first (ldw): they are read once, and L1 and L2 keep the input vector.
 //
 // The block shape (mv_threads): one block per SM of 640 threads (20 warps, 96 registers each) for
 // the launches of one type, IQ4_XS, or Q4_0 or Q6_K in step order (gate/up, the output matrix, the
 // Q4_0 files' other streamed launches); one of 512 (16 warps, 128 registers) for row-by-row
 // launches that mix IQ4_XS with another type, whose kernel spills registers at 640; two blocks of
-// 256 for the rest (mixed launches in step order among them).
-// One block, because an SM's warp schedulers favour the older of two resident blocks: on a per-warp
-// timeline of a 27B token (H200), the blocks placed second on each SM ended their equal runs ~4 us
-// (gate/up) to ~25 us (the output matrix) after the first ones, so every launch ended with one
-// block per SM working alone (test/PERF_NOTES.md run 17). 640 threads, because the loop is held by
-// memory latency and by the IQ4_XS lookup's arithmetic in turn, and four more warps per SM hide
-// more of both: against 16 warps (512 or 2 x 256), 27B IQ4_XS 1.1 %, Qwen3-32B IQ4_XS 2.9 %,
-// Qwen3-32B Q4_0 1.9 % faster a token (768 threads spill and are 4-10 % slower; run 18).
+// 256 for the rest (mixed launches in step order among them). One block, because an SM's warp
+// schedulers favour the older of two resident blocks: the second block of each SM ends its equal
+// run late, and every launch would end with one block per SM working alone. 640 threads, because
+// the loop is held by memory latency and by the IQ4_XS lookup's arithmetic in turn, and four more
+// warps per SM hide more of both (768 threads spill).
 //
 // C twin: matvec_xq_c per matrix.
-#define MV_SM_THREADS 512 // threads per SM of the two-block and mixed shapes (__launch_bounds__): 128 registers each
-#define MV_MAX_WARPS 16384 // warps of one grid at most (an H200 holds 132 x 20 in the 640-thread shape)
+#define MV_SM_THREADS 512  // threads per SM of the two-block and mixed shapes: 128 registers each
+#define MV_MAX_WARPS 16384 // warps of one grid at most (an H200 holds 132 x 20 at 640 threads)
 #define BATCH_MAX 4
 
 typedef struct {
@@ -2236,10 +2134,15 @@ typedef struct {
                                     // this launch's: upw and first_unit[m], checked at the launch)
 } MvPlan;
 
-__device__ int d_mv_flag[MV_MAX_WARPS + 1];               // per shared group (by its first inner boundary): parts in
-__device__ float d_mv_part[MV_MAX_WARPS][2][MV_ROWS];     // per warp: its part of its first [0] and last [1] group
-__device__ unsigned long long d_mv_cell[MV_MAX_WARPS][MV_ROWS]; // per warp w: the rows of a group of two parts
-                                                                // that begins in w's run (0: empty)
+// Where the parts of shared row groups meet (mv_rows_part); every entry is back at zero between
+// launches:
+__device__ int d_mv_flag[MV_MAX_WARPS + 1];           // per shared group (by its first inner
+                                                      // boundary): the parts counted in so far
+__device__ float d_mv_part[MV_MAX_WARPS][2][MV_ROWS]; // per warp: its part of its first [0] and
+                                                      // last [1] group
+__device__ unsigned long long d_mv_cell[MV_MAX_WARPS][MV_ROWS]; // per warp w: the rows of a group
+                                                                // of two parts that begins in w's
+                                                                // run (0: empty)
 #define MV_CELL_FULL (1ull << 32) // a cell holding a part: this bit and the float's bits
 
 // Row `row` of matrix m is done, its dot product t: bias, residual, store (one thread).
@@ -2270,9 +2173,7 @@ __device__ __forceinline__ void mv_rows_done(const MvPlan &p, int m, int row0, c
 // the one that finds the other's part there adds the two and finishes the row. Float addition is
 // commutative, so the sum is the same whichever warp comes second, and no fence is needed: the part
 // travels inside the atomic. w2's part is ready early (its run begins with it), w1's at the end of
-// its run, so the launch's last warps wait on one round trip to L2, not on a chain of them. Against
-// the count below on the same files (H200): 27B Q4_0 0.8 % faster a token, 27B IQ4_XS 0.5 % slower
-// (test/PERF_NOTES.md run 17); all six 27B/32B files faster with the block shape above.
+// its run, so the launch's last warps wait on one round trip to L2, not on a chain of them.
 //
 // More parts (short runs: small models, long rows): each stores its part (slot 0 of a warp whose
 // run begins inside the group, else slot 1), fences and counts itself in; the last to arrive adds
@@ -2320,7 +2221,7 @@ __device__ __forceinline__ void mv_rows_part(const MvPlan &p, int m, int grp, in
 }
 
 // Units [c0, c1) of matrix m (unit c: group c / cpr, chunk c % cpr), this warp's piece of it.
-// STEP: the matrix's planes are in this launch's step order (section 6).
+// STEP: the matrix's planes are in this launch's step order (6.3).
 template <int TYPE, bool STEP>
 __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, int c1, int warp) {
     const int R = MV_ROWS;
@@ -2499,27 +2400,21 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     KERNEL_CHECK();
 }
 
+// --- 6.6 the per-block mat-vec ------------------------------------------------------------------
 // y[r] = W[r,:] . x (+ bias[r]) (+ y[r]) for the fast types. A block owns R consecutive rows and
 // all its threads walk the rows' sub-blocks together (thread t takes sub-blocks t, t + T, ...), so
 // every activation block a thread loads serves R rows, and even a short row keeps a whole block of
 // loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
 // C twin: matvec_xq_c.
-// Rows per block: more rows share each activation load and put more bytes in flight per thread;
-// fewer give long rows more blocks. 8 measured fastest on the 27B files, and half of it for rows
-// longer than one pass of the block and for Q4_0's rows (matvec(); test/PERF_NOTES.md).
-#ifndef FAST_ROWS
-#define FAST_ROWS 8 // rows per block of the mat-vecs
-#endif
-#ifndef FAST_MAX_THREADS
-#define FAST_MAX_THREADS 256
-#endif
+#define FAST_ROWS 8          // rows per block: more rows share each activation load and put more
+                             // bytes in flight; half of it for long rows and Q4_0 (matvec())
+#define FAST_MAX_THREADS 256 // threads per block at most (fast_threads)
 // LOADS_FIRST: a __syncwarp() between a pass's loads and its arithmetic. Left alone, ptxas issues
-// the loads of row r+1 only once row r's arithmetic is under way (it saves registers that way): one
-// or two loads in flight per thread. A warp barrier is a point no memory access may cross, so every
-// load is issued before it, at the cost of registers for all of them. Set by measurement: faster for
-// rows of several passes, for the batch kernel and for Q4_0's one-pass rows at 4 rows per block,
-// slower for the other types' one-pass rows (at 8 rows per block the extra registers cost resident
-// blocks; matvec() has the numbers).
+// the loads of row r+1 only once row r's arithmetic is under way (it saves registers that way):
+// one or two loads in flight per thread. A warp barrier is a point no memory access may cross, so
+// every load is issued before it, at the cost of registers for all of them. It pays for rows of
+// several passes, for the batch kernel and for Q4_0's one-pass rows at 4 rows per block, and not
+// for the other types' one-pass rows at 8 (the extra registers cost resident blocks).
 template <int TYPE, int R, bool LOADS_FIRST>
 __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
                                           const XQ &xq,       // (n_sub) blocks of the input
@@ -2600,19 +2495,121 @@ static int fast_threads(int n_sub) {
     return (t + WARP - 1) / WARP * WARP;
 }
 
-// C twin of the fast mat-vecs: the dequantized weights (file layout) against the dequantized
-// 16-bit activations, summed in double.
-static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int8_t *L /* (n_in) */,
-                        const float *s /* (n_in/32) */, const float *bias /* (n_out) or NULL */, float *y /* (n_out) */,
-                        int accumulate, float *row /* (n_in) scratch */) {
-    size_t rb = row_bytes(W->type, W->n_in);
-    for (int64_t r = 0; r < W->n_out; r++) {
-        dequant_row(W->type, W->host + r * rb, row, W->n_in);
-        double sum = 0.0;
-        for (int64_t i = 0; i < W->n_in; i++) sum += (double)row[i] * s[i / 32] * (256 * H[i] + L[i]);
-        if (bias) sum += bias[r];
-        y[r] = accumulate ? y[r] + (float)sum : (float)sum;
+// --- 6.7 matvec(): which kernel a launch takes ---------------------------------------------------
+// Both fast kernels exist because each is the faster one for part of a token's launches: the
+// streaming kernel for long runs (a warp's run holds about two whole row groups or more: gate/up,
+// the DeltaNet in-projections, the output matrix), the per-block kernel for short ones, where the
+// streaming kernel's runs become chains of memory latencies whose row groups warps share
+// (ffn_down, the attention projections, ssm_out). The runs are counted for a grid of 16 warps per
+// SM (mv_grid_warps), whatever block shape the launch then takes.
+enum { MV_AUTO, MV_STREAM, MV_BLOCKS };
+static int g_mv_mode = MV_AUTO; // MV_STREAM / MV_BLOCKS force one kernel: the tests run both
+static int mv_use_stream(const MvPlan *p, int n_in) {
+    if (g_mv_mode != MV_AUTO) return g_mv_mode == MV_STREAM;
+    long cpr = (n_in / 32 + WARP - 1) / WARP, warps = mv_grid_warps();
+    return 10L * p->first_unit[p->n] >= 19 * cpr * warps; // 1.9 row groups a run or more
+}
+
+// y = W x (+ bias) (+ y when accumulate): a fast kernel (16-bit x) for weights in planes, the
+// simple one (fp32 x) for the rest.
+static void matvec(const Tensor *W, const Act *in, float *y /* (n_out) */,
+                   const float *bias /* (n_out) or NULL */, int accumulate, cudaStream_t st) {
+    const uint8_t *w = (const uint8_t *)W->dev;
+    int n_in = (int)W->n_in, n_out = (int)W->n_out;
+    if (W->planes) {
+        if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
+        MvPlan p;
+        memset(&p, 0, sizeof p);
+        p.accumulate = accumulate;
+        mv_plan_add(&p, W, bias, y);
+        if (mv_use_stream(&p, n_in)) {
+            matvec_stream(&p, in->q, n_in, st);
+            return;
+        }
+        if (W->so.upw)
+            die("mat-vec '%s': planes in step order, but the launch does not stream", W->name);
+        // Rows longer than one pass of the block (the FFN down projections) take half the rows per
+        // block, all loads first: twice the blocks, since each one walks its rows pass after pass.
+        // So do Q4_0's one-pass rows: their arithmetic is short, so the loads are what a block
+        // waits on. The other types' one-pass rows take FAST_ROWS, no barrier.
+        int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
+        int half = long_rows || W->type == GGML_TYPE_Q4_0;
+        int R = half ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
+#define FAST(T)                                                                                    \
+    if (half)                                                                                      \
+        matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(                    \
+            w, in->q, bias, y, n_sub, n_out, accumulate);                                          \
+    else                                                                                           \
+        matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(                       \
+            w, in->q, bias, y, n_sub, n_out, accumulate)
+        FAST_TYPE_SWITCH(W->type, FAST)
+#undef FAST
+        KERNEL_CHECK();
+        return;
     }
+    const int rows_per_block = 4;
+    dim3 grid((unsigned)((n_out + rows_per_block - 1) / rows_per_block));
+    dim3 block(rows_per_block * WARP);
+    size_t stride = row_bytes(W->type, W->n_in);
+    const float *x = in->f;
+    switch (W->type) {
+#define CASE(T)                                                                                    \
+    case T:                                                                                        \
+        matvec_generic_kernel<T><<<grid, block, 0, st>>>(w, stride, x, bias, y, n_in, n_out,      \
+                                                         accumulate);                              \
+        break
+    CASE(GGML_TYPE_F32); CASE(GGML_TYPE_F16); CASE(GGML_TYPE_BF16); CASE(GGML_TYPE_Q4_0);
+    CASE(GGML_TYPE_Q4_1); CASE(GGML_TYPE_Q5_0); CASE(GGML_TYPE_Q5_1); CASE(GGML_TYPE_Q8_0);
+    CASE(GGML_TYPE_IQ4_NL); CASE(GGML_TYPE_IQ4_XS); CASE(GGML_TYPE_Q4_K); CASE(GGML_TYPE_Q5_K);
+    CASE(GGML_TYPE_Q6_K);
+#undef CASE
+    default: die("no GPU mat-vec for type %s (tensor '%s')", type_name(W->type), W->name);
+    }
+    KERNEL_CHECK();
+}
+
+// n mat-vecs y_i = W_i x (+ b_i) from the same input: one launch when all are in planes, else n.
+static void matvec_batch(int n, const Tensor *const *W, const float *const *bias, float *const *y,
+                         const Act *in, cudaStream_t st) {
+    int all_planes = in->q.q != NULL;
+    for (int i = 0; i < n; i++) all_planes &= W[i]->planes;
+    if (!all_planes) {
+        for (int i = 0; i < n; i++) matvec(W[i], in, y[i], bias[i], 0, st);
+        return;
+    }
+    MvPlan p;
+    memset(&p, 0, sizeof p);
+    for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], bias[i], y[i]);
+    if (mv_use_stream(&p, (int)W[0]->n_in)) {
+        matvec_stream(&p, in->q, (int)W[0]->n_in, st);
+        return;
+    }
+    MatVecBatch b;
+    memset(&b, 0, sizeof b);
+    b.n = n;
+    for (int i = 0; i < n; i++) {
+        if (W[i]->so.upw)
+            die("mat-vec '%s': planes in step order, but the launch does not stream", W[i]->name);
+        b.w[i] = (const uint8_t *)W[i]->dev;
+        b.bias[i] = bias[i];
+        b.y[i] = y[i];
+        b.type[i] = W[i]->type;
+        b.n_out[i] = (int)W[i]->n_out;
+        b.first_block[i + 1] = b.first_block[i] + (b.n_out[i] + FAST_ROWS - 1) / FAST_ROWS;
+    }
+    int n_sub = (int)W[0]->n_in / 32;
+    matvec_fast_batch_kernel<<<b.first_block[n], fast_threads(n_sub), 0, st>>>(b, in->q, n_sub);
+    KERNEL_CHECK();
+}
+
+// q, k and v from the same normalized input.
+static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, const float *bq,
+                       const float *bk, const float *bv, const Act *in, float *q, float *k,
+                       float *v, cudaStream_t st) {
+    const Tensor *W[3] = {Wq, Wk, Wv};
+    const float *bias[3] = {bq, bk, bv};
+    float *y[3] = {q, k, v};
+    matvec_batch(3, W, bias, y, in, st);
 }
 
 // --- norms, RoPE + KV cache, attention, SwiGLU ---------------------------------------------------
@@ -3419,114 +3416,6 @@ __global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u
     if (h.q.q && n % 32 == 0 && i - threadIdx.x % WARP < n) quantize_block_warp(v, h.q, i / 32, n / 32);
 }
 
-// --- host launchers -------------------------------------------------------------------------------
-
-// Which fast mat-vec kernel a plan takes. Both exist because each is the faster one for part of
-// a token's launches: the streaming kernel for long runs (a warp's run holds about two whole row
-// groups or more: gate/up, the DeltaNet in-projections, the output matrix), the per-block kernel
-// for short ones, where the streaming kernel's runs become chains of memory latencies whose groups
-// warps share (ffn_down, the attention projections, ssm_out). Streaming everything measured
-// 2.6-5.2 % slower a token (test/PERF_NOTES.md, "Decode"). The runs are counted for a grid of 16
-// warps per SM (mv_grid_warps), whatever block shape the launch then takes.
-enum { MV_AUTO, MV_STREAM, MV_BLOCKS };
-static int g_mv_mode = MV_AUTO; // MV_STREAM / MV_BLOCKS force one kernel: the tests run both
-static int mv_use_stream(const MvPlan *p, int n_in) {
-    if (g_mv_mode != MV_AUTO) return g_mv_mode == MV_STREAM;
-    long cpr = (n_in / 32 + WARP - 1) / WARP, warps = mv_grid_warps();
-    return 10L * p->first_unit[p->n] >= 19 * cpr * warps;
-}
-
-// y = W x (+ bias) (+ y when accumulate): the fast kernel (16-bit x) for weights in planes, the
-// generic one (fp32 x) for the rest.
-static void matvec(const Tensor *W, const Act *in, float *y, const float *bias, int accumulate, cudaStream_t st) {
-    const uint8_t *w = (const uint8_t *)W->dev;
-    int n_in = (int)W->n_in, n_out = (int)W->n_out;
-    if (W->planes) {
-        if (!in->q.q) die("mat-vec '%s': its input has no 16-bit copy", W->name);
-        MvPlan p;
-        memset(&p, 0, sizeof p);
-        p.accumulate = accumulate;
-        mv_plan_add(&p, W, bias, y);
-        if (mv_use_stream(&p, n_in)) {
-            matvec_stream(&p, in->q, n_in, st);
-            return;
-        }
-        if (W->so.upw) die("mat-vec '%s': planes in step order, but the launch does not stream", W->name);
-        // Rows longer than one pass of the block (the FFN down projections) take half the rows per
-        // block, all loads first: twice the blocks, since each one walks its rows pass after pass.
-        // One-pass rows of Q4_0 too (its arithmetic is short, so the loads are what a block waits
-        // on; H200, the sweep's build: Qwen3-32B Q4_0 6.75 -> 6.50 ms a token, 27B Q4_0 5.91 -> 5.84;
-        // commit to commit 6.70 -> 6.45, test/PERF_NOTES.md run 13); the other types'
-        // one-pass rows take FAST_ROWS, no barrier (the 27B IQ4_XS file with all its one-pass rows
-        // at half, with the barrier: 0.5 % slower).
-        int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
-        int half = long_rows || W->type == GGML_TYPE_Q4_0;
-        int R = half ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
-#define FAST(T)                                                                                                  \
-    if (half) matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate); \
-    else matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(w, in->q, bias, y, n_sub, n_out, accumulate)
-        FAST_TYPE_SWITCH(W->type, FAST)
-#undef FAST
-        KERNEL_CHECK();
-        return;
-    }
-    const int rows_per_block = 4;
-    dim3 grid((unsigned)((n_out + rows_per_block - 1) / rows_per_block)), block(rows_per_block * WARP);
-    size_t stride = row_bytes(W->type, W->n_in);
-    const float *x = in->f;
-    switch (W->type) {
-#define CASE(T) case T: matvec_generic_kernel<T><<<grid, block, 0, st>>>(w, stride, x, bias, y, n_in, n_out, accumulate); break
-    CASE(GGML_TYPE_F32); CASE(GGML_TYPE_F16); CASE(GGML_TYPE_BF16); CASE(GGML_TYPE_Q4_0); CASE(GGML_TYPE_Q4_1);
-    CASE(GGML_TYPE_Q5_0); CASE(GGML_TYPE_Q5_1); CASE(GGML_TYPE_Q8_0); CASE(GGML_TYPE_IQ4_NL);
-    CASE(GGML_TYPE_IQ4_XS); CASE(GGML_TYPE_Q4_K); CASE(GGML_TYPE_Q5_K); CASE(GGML_TYPE_Q6_K);
-#undef CASE
-    default: die("no GPU mat-vec for type %s (tensor '%s')", type_name(W->type), W->name);
-    }
-    KERNEL_CHECK();
-}
-
-// n mat-vecs y_i = W_i x (+ b_i) from the same input: one launch when all are in planes, else n.
-static void matvec_batch(int n, const Tensor *const *W, const float *const *bias, float *const *y, const Act *in,
-                         cudaStream_t st) {
-    int all_planes = in->q.q != NULL;
-    for (int i = 0; i < n; i++) all_planes &= W[i]->planes;
-    if (!all_planes) {
-        for (int i = 0; i < n; i++) matvec(W[i], in, y[i], bias[i], 0, st);
-        return;
-    }
-    MvPlan p;
-    memset(&p, 0, sizeof p);
-    for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], bias[i], y[i]);
-    if (mv_use_stream(&p, (int)W[0]->n_in)) {
-        matvec_stream(&p, in->q, (int)W[0]->n_in, st);
-        return;
-    }
-    MatVecBatch b;
-    memset(&b, 0, sizeof b);
-    b.n = n;
-    for (int i = 0; i < n; i++) {
-        if (W[i]->so.upw) die("mat-vec '%s': planes in step order, but the launch does not stream", W[i]->name);
-        b.w[i] = (const uint8_t *)W[i]->dev;
-        b.bias[i] = bias[i];
-        b.y[i] = y[i];
-        b.type[i] = W[i]->type;
-        b.n_out[i] = (int)W[i]->n_out;
-        b.first_block[i + 1] = b.first_block[i] + (b.n_out[i] + FAST_ROWS - 1) / FAST_ROWS;
-    }
-    int n_sub = (int)W[0]->n_in / 32;
-    matvec_fast_batch_kernel<<<b.first_block[n], fast_threads(n_sub), 0, st>>>(b, in->q, n_sub);
-    KERNEL_CHECK();
-}
-
-// q, k and v from the same normalized input.
-static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, const float *bq, const float *bk,
-                       const float *bv, const Act *in, float *q, float *k, float *v, cudaStream_t st) {
-    const Tensor *W[3] = {Wq, Wk, Wv};
-    const float *bias[3] = {bq, bk, bv};
-    float *y[3] = {q, k, v};
-    matvec_batch(3, W, bias, y, in, st);
-}
-
 // h = silu(G x) * (U x) for the FFN, fp32 and quantized: gate and up as one batch of mat-vecs (gate
 // into h, up into u: (n_ff) scratch), then silu_mul_quant_kernel. (A fused epilogue, in which the
 // mat-vec's warps counted finished rows and the last of each 32 quantized them, measured 0.6-0.8 %
@@ -3787,7 +3676,7 @@ __global__ void dequant_f16_kernel(const uint8_t *W /* rows of row_stride bytes 
     if (i >= (size_t)n_rows * n_units) return;
     int r = (int)(i / n_units), u = (int)(i % n_units);
     float w[32];
-    dq32<TYPE>(W + (size_t)(r0 + r) * row_stride, u, w, n_in);
+    dequant_unit(TYPE, W + (size_t)(r0 + r) * row_stride, u, w, n_in, 0);
     __half *o = out + (size_t)r * n_in + 32 * u;
     for (int j = 0; j < 32; j++) o[j] = __float2half(w[j]);
 }
@@ -3995,14 +3884,10 @@ static int is_float_weight(int type) { return type == GGML_TYPE_F32 || type == G
 //   IQ4_XS: fp16(fp16(d * (ls - 32)) * kvalue)   Q6_K: fp16(fp16(d * sc) * (q - 32))
 static void mm_weight_row(int type, const uint8_t *src /* one row, row_bytes(type, n_in) */, float *w /* (n_in) */,
                           int n_in) {
-    if (type == GGML_TYPE_IQ4_XS || type == GGML_TYPE_Q6_K) {
-        for (int i = 0; i < n_in / 256; i++) {
-            if (type == GGML_TYPE_IQ4_XS) dequant_iq4_xs((const block_iq4_xs *)src + i, w + 256 * i, 1);
-            else dequant_q6_K((const block_q6_K *)src + i, w + 256 * i, 1);
-        }
-    } else {
+    if (type == GGML_TYPE_IQ4_XS || type == GGML_TYPE_Q6_K)
+        for (int u = 0; u < n_in / 32; u++) dequant_unit(type, src, u, w + 32 * u, n_in, 1);
+    else
         dequant_row(type, src, w, n_in);
-    }
     for (int i = 0; i < n_in; i++) w[i] = f16r(w[i]);
 }
 

@@ -624,14 +624,14 @@ static void test_dequantizers(void) {
         block_q4_0 b;
         b.d = half_half;
         for (int j = 0; j < 16; j++) b.qs[j] = (uint8_t)(j | ((15 - j) << 4));
-        dequant_q4_0(&b, y);
+        dequant_row(GGML_TYPE_Q4_0, &b, y, 32);
         check(y[0] == -4.0f && y[15] == 3.5f && y[16] == 3.5f && y[31] == -4.0f, "dequant Q4_0");
     }
     {
         block_q4_1 b;
         b.d = half_two; b.m = half_one;
         for (int j = 0; j < 16; j++) b.qs[j] = (uint8_t)(j | (j << 4));
-        dequant_q4_1(&b, y);
+        dequant_row(GGML_TYPE_Q4_1, &b, y, 32);
         check(y[0] == 1.0f && y[5] == 11.0f && y[21] == 11.0f, "dequant Q4_1");
     }
     {
@@ -641,7 +641,7 @@ static void test_dequantizers(void) {
         memcpy(b.qh, &qh, 4);
         memset(b.qs, 0, 16);
         b.qs[15] = 0xf0;
-        dequant_q5_0(&b, y);
+        dequant_row(GGML_TYPE_Q5_0, &b, y, 32);
         check(y[0] == 0.0f && y[1] == -16.0f && y[31] == 15.0f, "dequant Q5_0");
     }
     {
@@ -650,21 +650,21 @@ static void test_dequantizers(void) {
         uint32_t qh = 1u << 16; // element 16
         memcpy(b.qh, &qh, 4);
         memset(b.qs, 0x11, 16);
-        dequant_q5_1(&b, y);
+        dequant_row(GGML_TYPE_Q5_1, &b, y, 32);
         check(y[0] == 1.5f && y[16] == 17.5f && y[17] == 1.5f, "dequant Q5_1");
     }
     {
         block_q8_0 b;
         b.d = half_half;
         for (int j = 0; j < 32; j++) b.qs[j] = (int8_t)(j - 16);
-        dequant_q8_0(&b, y);
+        dequant_row(GGML_TYPE_Q8_0, &b, y, 32);
         check(y[0] == -8.0f && y[31] == 7.5f, "dequant Q8_0");
     }
     {
         block_iq4_nl b;
         b.d = half_one;
         for (int j = 0; j < 16; j++) b.qs[j] = (uint8_t)(j | ((15 - j) << 4));
-        dequant_iq4_nl(&b, y);
+        dequant_row(GGML_TYPE_IQ4_NL, &b, y, 32);
         check(y[0] == -127.0f && y[8] == 1.0f && y[16] == 113.0f, "dequant IQ4_NL");
     }
     {
@@ -676,7 +676,7 @@ static void test_dequantizers(void) {
         b.scales_l[3] = (uint8_t)(15 << 4);       // ib7 low = 15
         b.scales_h = (uint16_t)(2 | (1 << 2) | (3 << 14)); // ib0 high 2, ib1 high 1, ib7 high 3
         for (int j = 0; j < 128; j++) b.qs[j] = 0x8f; // low nibble 15 -> 113, high 8 -> 1
-        dequant_iq4_xs(&b, y, 0);
+        dequant_row(GGML_TYPE_IQ4_XS, &b, y, 256);
         check(y[0] == 113.0f && y[16] == 1.0f && y[32] == -113.0f && y[255] == 31.0f, "dequant IQ4_XS");
     }
     {
@@ -689,7 +689,7 @@ static void test_dequantizers(void) {
         b.scales[11] = (uint8_t)(7 | (1 << 4)); // sub 7: scale low 7, min low 1
         b.scales[3] |= (uint8_t)(1 << 6);  // sub 7: scale high bits 1 -> 7 | 16 = 23
         for (int j = 0; j < 128; j++) b.qs[j] = (uint8_t)(1 | (2 << 4));
-        dequant_q4_K(&b, y);
+        dequant_row(GGML_TYPE_Q4_K, &b, y, 256);
         // sub0: 1*2*1 - 0.5*3 = 0.5; sub1: 1*5*2 - 0 = 10; sub7 (chunk 3 high): 1*23*2 - 0.5*1 = 45.5
         check(y[0] == 0.5f && y[32] == 10.0f && y[255] == 45.5f, "dequant Q4_K");
     }
@@ -701,7 +701,7 @@ static void test_dequantizers(void) {
         memset(b.qh, 0, 32);
         b.qh[3] = 2;                       // bit 1: element 3 of sub-block 1 gets +16
         memset(b.qs, 0x21, 128);
-        dequant_q5_K(&b, y);
+        dequant_row(GGML_TYPE_Q5_K, &b, y, 256);
         check(y[3] == 1.0f && y[35] == 18.0f && y[36] == 2.0f, "dequant Q5_K");
     }
     {
@@ -713,7 +713,7 @@ static void test_dequantizers(void) {
         b.ql[0] = 0x0f;  // element 0: low 15
         b.qh[0] = 0x03;  // element 0: high 3 -> q = 63 - 32 = 31
         b.ql[32] = 0xf0; // element 96 (q4 of l=0): low 15
-        dequant_q6_K(&b, y, 0);
+        dequant_row(GGML_TYPE_Q6_K, &b, y, 256);
         // y[0] = 0.5*1*31; y[1] = 0.5*1*(-32); y[96] = 0.5*sc[6]*(15-32) = 0.5*7*(-17)
         check(y[0] == 15.5f && y[1] == -16.0f && y[96] == -59.5f && y[128] == 0.5f * 9 * -32, "dequant Q6_K");
     }
@@ -2214,6 +2214,13 @@ static double max_rel_err(const float *got, const float *ref, const double *scal
         worst = worse(worst, e);
     }
     return worst;
+}
+
+// Quantize a whole fp32 vector (n a multiple of 32), one warp per block: the tests' entry to
+// quantize_block_warp (the engine quantizes inside the kernels that produce its vectors).
+__global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
+    int b = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP, nb = n / 32;
+    if (b < nb) quantize_block_warp(x[32 * b + threadIdx.x % WARP], xq, b, nb);
 }
 
 static void test_gpu_quantize(void) {
