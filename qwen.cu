@@ -2663,22 +2663,26 @@ static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float
     KERNEL_CHECK();
 }
 
-// Attention for the token at *pos, split along the keys ("flash decoding") so that long contexts
-// spread over many blocks. The keys [0, pos] are cut into chunks of ck keys (ck <= chunk, at
-// least ATT_MIN_CHUNK; below), and the chunks
-// into at most n_split splits of cps consecutive chunks each (cps = ceil(chunks / n_split), so
-// the number of splits, and the cost of merging them, stays bounded as the context grows). Block
-// (kv head j, split s) takes its chunks one after the other for the g = n_head/n_kv query heads
-// that share kv head j, so each K/V row is read once for all of them. A chunk's K and V rows are
-// first copied to shared memory with 16-byte loads (all in flight at once, issued one chunk ahead:
-// the first chunk's before q is rotated, the next one's while this one is scored), then scores, softmax and
-// the weighted sum of V run from there, folded into the split's running state (online softmax):
-//   m' = max(m, max score),  c = e^(m - m'),  l' = c l + sum e^(score - m'),  o' = c o + sum e^(score - m') V.
-// Output per query head and split: m, l, o. The last block of a kv head merges the splits (below).
-// Decode folds this token's RoPE and KV store in (AttNew): every block normalizes and rotates the q
-// of its g heads itself, and the block of the last split, which holds key *pos, does the same for k,
-// writes k and v into the cache and uses them from shared memory.
-// C twin: attention_c (after rmsnorm_c and rope_neox_c for the fold).
+// --- 7.2 attention of one token over the KV cache ------------------------------------------------
+// out[h] = sum_t softmax_t(q[h] . K[t][h/g] / sqrt(hd)) V[t][h/g],   g = n_head / n_kv (GQA)
+//
+// Split along the keys ("flash decoding"), so that a long context spreads over many blocks. The
+// keys 0..pos are cut into chunks of ck keys (att_cut), and the chunks into at most n_split
+// splits of cps consecutive chunks each (so the number of splits, and the cost of merging them,
+// stays bounded as the context grows). Block (kv head j, split s) takes its chunks one after the
+// other for the g query heads that share kv head j, so each K/V row is read once for all of them:
+//   1. att_load_q_kv, att_qk_norm_rope, att_store_k: this token's q (every block), k and v (the
+//      block of the last split, which holds key pos): per-head RMSNorm, RoPE, the KV store;
+//   2. per chunk: att_stage_chunk (K and V rows into shared memory), att_chunk_scores (s = q . k /
+//      sqrt(hd)), att_softmax_update and att_accumulate_pv: the split's running state (online
+//      softmax), with m the running maximum, l the sum, o the weighted sum of V:
+//        m' = max(m, max s),  c = e^(m - m'),  l' = c l + sum e^(s - m'),  o' = c o + sum e^(s - m') V
+//   3. att_write_partial: m, l, o of the split; the last split of kv head j to finish then
+//   4. att_merge: out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m), m = max m_s, and
+//   5. att_output_gate: qwen35's out *= sigmoid(gate), the output and its 16-bit copy.
+// A chunk's K and V rows are loaded into registers one chunk ahead (the first chunk's before q is
+// rotated, the next one's while this one is scored), with 16-byte loads all in flight at once.
+// C twin: attention_c (after rmsnorm_c and rope_neox_c for step 1).
 #define ATT_THREADS 256
 // keys per chunk: 64 for head_dim <= 128, fewer for wider heads (shared memory: chunk * hd <= 8192
 // halves of K, as many of V), a multiple of 8 (the score rows are read as float4s; 256: 32)
@@ -2689,36 +2693,44 @@ static int att_splits(int n_ctx, int hd) {
     int chunks = (n_ctx + att_chunk(hd) - 1) / att_chunk(hd);
     return chunks < WARP ? chunks : WARP;
 }
-#define ATT_MAX_OUT 8     // outputs per thread: g * head_dim <= 2048
-#define ATT_STAGE 4       // 16-byte K (and V) loads per thread and chunk: chunk * hd / 8 <= 4 * ATT_THREADS
-#ifndef ATT_MERGE_DEPTH
-#define ATT_MERGE_DEPTH 16 // splits per round of the merge (2 rounds for 32 splits)
-#endif
-#define ATT_KPAD 8        // K rows padded by 8 halves: 16-byte aligned rows, 4 banks apart for head_dim % 64 == 0
+#define ATT_MAX_OUT 8      // outputs per thread: g * head_dim <= 2048
+#define ATT_STAGE 4        // 16-byte K (and V) loads per thread and chunk: chunk * hd / 8 <= 1024
+#define ATT_MERGE_DEPTH 16 // splits per round of the merge: its loads in flight at once
+#define ATT_KPAD 8         // K rows padded by 8 halves: 16-byte aligned rows, 4 banks apart
 // dynamic shared memory: K rows, V rows (fp16), q of the g heads, their scores (fp32), then this
 // token's k (fp32), its RoPE angles (cos, sin per rotated pair) and its k and v rows in fp16
 static size_t att_smem(int g, int hd, int chunk) {
-    return (size_t)chunk * (hd + ATT_KPAD) * 2 + (size_t)chunk * hd * 2 + (size_t)g * hd * 4 + (size_t)g * chunk * 4 +
-           (size_t)hd * 4 + (size_t)hd / 2 * 8 + (size_t)hd * 2 * 2;
+    return (size_t)chunk * (hd + ATT_KPAD) * 2 + (size_t)chunk * hd * 2 + (size_t)g * hd * 4 +
+           (size_t)g * chunk * 4 + (size_t)hd * 4 + (size_t)hd / 2 * 8 + (size_t)hd * 2 * 2;
 }
-// This token's q, k and v as the projections left them, for RoPE and the KV store folded into the
-// attention (decode: one launch per layer fewer). With q_src == NULL the attention reads q roped
-// already and a cache that holds position *pos (the attention alone: the tests, the benchmark).
+// The block's shared memory as att_smem lays it out.
 typedef struct {
-    const float *q_src;           // (n_head, q_stride) raw q; qwen35 interleaves it with its gate (2 hd)
+    __half *K;       // (chunk, hd + ATT_KPAD) the staged chunk's keys
+    __half *V;       // (chunk, hd) its values
+    float *q;        // (g, hd) the g query heads of this kv head
+    float *p;        // (g, chunk) their scores, then e^(s - m)
+    float *k;        // (hd) this token's key (the block that holds key pos)
+    float2 *cs;      // (n_rot / 2) cos, sin of this token's RoPE angles
+    __half *kh, *vh; // (hd) this token's key and value rows in fp16
+} AttShared;
+// This token's q, k and v as the projections left them, for RoPE and the KV store folded into the
+// attention (one launch per layer fewer). With q_src == NULL the attention reads q roped already
+// and a cache that holds position pos (the attention alone: the tests, test/bench).
+typedef struct {
+    const float *q_src;           // (n_head, q_stride) raw q; qwen35 interleaves it with its gate
     int q_stride;
     const float *k, *v;           // (n_kv, hd) this token's key and value
     const float *q_norm, *k_norm; // (hd) qwen3 / qwen35's RMSNorm per head, or NULL (qwen2)
     int n_rot;                    // NEOX RoPE on the first n_rot dims of each head
-    const float2 *rope_cs;        // (n_rot / 2) cos, sin of this token's angles (rope_angles_kernel)
+    const float2 *rope_cs;        // (n_rot / 2) cos, sin of this token's angles
     float eps;
 } AttNew;
 
-// This token's RoPE angles, computed once per token for all attention layers (they share the
-// position and the frequencies): cs[i] = rope_angle(pos, i), i < n_rot / 2. One block of at least
-// n_rot / 2 threads.
-__global__ void rope_angles_kernel(float2 *cs /* (n_rot/2) cos, sin */, const int *pos_p /* (1) */, int n_rot, float base,
-                                   float freq_scale) {
+// This token's RoPE angles, once per token for all attention layers (they share the position and
+// the frequencies): cs[i] = rope_angle(pos, i), i < n_rot / 2. One block of at least n_rot / 2
+// threads. C twin: rope_angle in rope_neox_c.
+__global__ void rope_angles_kernel(float2 *cs /* (n_rot/2) cos, sin */, const int *pos_p /* (1) */,
+                                   int n_rot, float base, float freq_scale) {
     int i = threadIdx.x;
     if (i < n_rot / 2) cs[i] = rope_angle(*pos_p, i, n_rot, base, freq_scale);
 }
@@ -2726,13 +2738,13 @@ __global__ void rope_angles_kernel(float2 *cs /* (n_rot/2) cos, sin */, const in
 // n_split splits (more blocks, each with less work: at 128 keys 8 splits of 16 instead of 2 of 64).
 #define ATT_MIN_CHUNK 16
 // How the keys 0..pos of a token are cut, the same in every block of the launch: chunks of ck <=
-// chunk keys, ceil((pos + 1) / n_split) rounded up to 8 and at least ATT_MIN_CHUNK (ck is chunk, the
-// shared memory's size, once (pos + 1) / n_split passes chunk - 8: from 1793 keys at 32 splits of
-// 64); chunk c holds keys c * ck .. min(c * ck + ck, pos + 1) - 1. Split s takes chunks s * cps ..
-// min(s * cps + cps, n_chunks) - 1; ns <= n_split splits have chunks (the grid's others return at
-// once), and the last, ns - 1, holds key pos. Past n_split * chunk keys each split takes cps >= 2
-// chunks one after the other. Host and device: the tests check these promises on the CPU for every
-// position up to 4200 keys.
+// chunk keys, ceil((pos + 1) / n_split) rounded up to 8 and at least ATT_MIN_CHUNK (ck is chunk,
+// the shared memory's size, once (pos + 1) / n_split passes chunk - 8: from 1793 keys at 32 splits
+// of 64); chunk c holds keys c * ck .. min(c * ck + ck, pos + 1) - 1. Split s takes chunks s * cps
+// .. min(s * cps + cps, n_chunks) - 1; ns <= n_split splits have chunks (the grid's others return
+// at once), and the last, ns - 1, holds key pos. Past n_split * chunk keys each split takes cps >=
+// 2 chunks one after the other. Host and device: the tests check these promises on the CPU for
+// every position up to 4200 keys.
 typedef struct {
     int ck, n_chunks, cps, ns;
 } AttCut;
@@ -2745,15 +2757,20 @@ __host__ __device__ __forceinline__ AttCut att_cut(int pos, int n_split, int chu
     return a;
 }
 // Split s walks chunks s * cps up to (not including) att_split_end; chunk c holds att_chunk_len keys.
-__host__ __device__ __forceinline__ int att_split_end(AttCut a, int s) { return min((s + 1) * a.cps, a.n_chunks); }
-__host__ __device__ __forceinline__ int att_chunk_len(AttCut a, int pos, int c) { return min(a.ck, pos + 1 - c * a.ck); }
+__host__ __device__ __forceinline__ int att_split_end(AttCut a, int s) {
+    return min((s + 1) * a.cps, a.n_chunks);
+}
+__host__ __device__ __forceinline__ int att_chunk_len(AttCut a, int pos, int c) {
+    return min(a.ck, pos + 1 - c * a.ck);
+}
 // Rows t0 .. t0+nl-1 of kv head j's K and V cache into registers, thread by thread: row t's hd/8
-// 16-byte pieces are i = t * hd/8 + cc, and thread x holds i = x, x + ATT_THREADS, ... (chunk * hd <=
-// 8192, so at most ATT_STAGE of each). Evict-first (__ldcs), like the weights: the cache is read
-// once per token.
-__device__ __forceinline__ void att_rows_load(uint4 *kr /* (ATT_STAGE) registers */, uint4 *vr /* (ATT_STAGE) */,
-                                              const __half *kc /* (n_ctx, n_kv, hd) */, const __half *vc /* same */,
-                                              int t0, int nl, int n_kv, int j, int hd) {
+// 16-byte pieces are i = t * hd/8 + cc, and thread x holds i = x, x + ATT_THREADS, ... (chunk * hd
+// <= 8192, so at most ATT_STAGE of each). Evict-first (__ldcs), like the weights: the cache is
+// read once per token.
+__device__ __forceinline__ void att_rows_load(uint4 *kr /* (ATT_STAGE) */, uint4 *vr /* (ATT_STAGE) */,
+                                              const __half *kc /* (n_ctx, n_kv, hd) */,
+                                              const __half *vc /* (n_ctx, n_kv, hd) */, int t0,
+                                              int nl, int n_kv, int j, int hd) {
     int v8 = hd / 8;
 #pragma unroll
     for (int k = 0; k < ATT_STAGE; k++) {
@@ -2765,253 +2782,219 @@ __device__ __forceinline__ void att_rows_load(uint4 *kr /* (ATT_STAGE) registers
         }
     }
 }
-// HD > 0: the head dim as a compile-time constant (unrolled loops, immediate offsets); 0: hd_arg.
-template <int HD>
-__global__ void __launch_bounds__(ATT_THREADS, 2) // 2 blocks per SM: at most 128 registers
-attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur.q_src is set)
-                       __half *kc,        // (n_ctx, n_kv, hd) written at *pos when cur.q_src is set
-                       __half *vc,        // (n_ctx, n_kv, hd)
-                       AttNew cur,
-                       float *part_o,     // (n_head, n_split, hd)
-                       float *part_ml,    // (n_head, n_split, 2)
-                       int *kv_done,      // (n_kv) counters, zero between tokens
-                       Act out,           // (n_head, hd) the merged output
-                       const float *gate, // (n_head, gate_stride) qwen35: out *= sigmoid(gate), or NULL
-                       int gate_stride,
-                       const int *pos_p,  // (1) this token's position, on the GPU
-                       int n_head, int n_kv, int hd_arg, int n_split, int chunk) {
-    extern __shared__ uint4 smem[];
-    const int hd = HD > 0 ? HD : hd_arg;
-    int j = blockIdx.x, split = blockIdx.y, pos = *pos_p;
-    AttCut cut = att_cut(pos, n_split, chunk); // this token's chunks and splits
-    int ck = cut.ck, n_chunks = cut.n_chunks, cps = cut.cps, ns = cut.ns;
-    if (split >= ns) return;
-    int g = n_head / n_kv;
-    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;
-    int ks = hd + ATT_KPAD; // K row stride in halves
-    __half *K = (__half *)smem, *Vs = K + (size_t)chunk * ks;
-    float *qs = (float *)(Vs + (size_t)chunk * hd), *ps = qs + g * hd;
-    __shared__ float mh[32], lh[32], ch[32]; // per query head (g <= 32): running max, sum, rescale c
-    float *kn = ps + g * chunk;                                 // (hd) this token's k
-    float2 *rcs = (float2 *)(kn + hd);                          // (n_rot / 2) cos, sin of its angles
-    __half *kh = (__half *)(rcs + hd / 2), *vh = kh + hd;       // (hd) its k and v rows for the cache
-    // own: this block holds key *pos (the last split) and writes this token's k and v into the cache
-    int own = cur.q_src != NULL && split == ns - 1;
-    // The K/V rows go out one chunk ahead: the first chunk's now, before q is read and rotated (they
-    // do not depend on it; the own block's key *pos, written below, is not among them: it comes from
-    // kh, vh), each next chunk's while the current one is scored. At 2048 keys, where a split takes
-    // 2-3 chunks, the attention alone goes 21.8 -> 20.4 us a layer (27B), 16.3 -> 15.3 (Qwen3-32B);
-    // at 128 keys, one chunk a split, it is unchanged (H200, test/PERF_NOTES.md run 20). Chunk c's
-    // rows from the cache: att_chunk_len of them, less this token's own in the own block's last chunk.
-#define ATT_CACHE_ROWS(c) (att_chunk_len(cut, pos, c) - (own && (c) == n_chunks - 1))
-    int c_first = split * cps, c_end = att_split_end(cut, split);
-    uint4 kr[ATT_STAGE], vr[ATT_STAGE];
-    att_rows_load(kr, vr, kc, vc, c_first * ck, ATT_CACHE_ROWS(c_first), n_kv, j, hd);
-    {   // q of the g heads (g * hd <= ATT_THREADS * ATT_MAX_OUT floats), and the own block's k and v:
-        // 16-byte loads, all issued before the first store
-        const int NQ = ATT_MAX_OUT / 4;
-        float4 qv[NQ], k4, v4;
-        float2 cs = make_float2(0.0f, 0.0f);
-#pragma unroll
-        for (int k = 0; k < NQ; k++) {
-            int e = 4 * (threadIdx.x + k * ATT_THREADS); // element of the g heads' q
-            if (e < g * hd)
-                qv[k] = cur.q_src ? *(const float4 *)(cur.q_src + (size_t)(j * g + e / hd) * cur.q_stride + e % hd)
-                                 : *(const float4 *)(q + (size_t)j * g * hd + e);
-        }
-        if (own && threadIdx.x < hd / 4) {
-            k4 = *(const float4 *)(cur.k + (size_t)j * hd + 4 * threadIdx.x);
-            v4 = *(const float4 *)(cur.v + (size_t)j * hd + 4 * threadIdx.x);
-        }
-        if (cur.q_src && threadIdx.x < cur.n_rot / 2) cs = cur.rope_cs[threadIdx.x];
-#pragma unroll
-        for (int k = 0; k < NQ; k++)
-            if (threadIdx.x + k * ATT_THREADS < g * hd / 4) ((float4 *)qs)[threadIdx.x + k * ATT_THREADS] = qv[k];
-        if (cur.q_src && threadIdx.x < cur.n_rot / 2) rcs[threadIdx.x] = cs;
-        if (own && threadIdx.x < hd / 4) {
-            ((float4 *)kn)[threadIdx.x] = k4;
-            __half2 a = __floats2half2_rn(v4.x, v4.y), b = __floats2half2_rn(v4.z, v4.w);
-            ((__half2 *)vh)[2 * threadIdx.x] = a;
-            ((__half2 *)vh)[2 * threadIdx.x + 1] = b;
-            __half2 *dst = (__half2 *)(vc + ((size_t)pos * n_kv + j) * hd) + 2 * threadIdx.x;
-            dst[0] = a;
-            dst[1] = b;
-        }
-    }
-    if (cur.q_src) {
-        // RMSNorm per head (qwen3 / qwen35), then the rotation of each pair (i, i + n_rot/2) of the
-        // first n_rot dims: heads 0..g-1 are q in qs, head g (own block only) is k in kn
-        __shared__ float inv_rms[33]; // (g + 1): the q heads' 1/rms, then the own block's k head
-        int nh = g + own;
-        __syncthreads();
-        if (cur.q_norm || cur.k_norm) {
-            for (int hh = wid; hh < nh; hh += nw) {
-                const float *x = hh < g ? qs + hh * hd : kn;
-                if (!(hh < g ? cur.q_norm : cur.k_norm)) continue;
-                float ss = 0.0f;
-                for (int d = lane; d < hd; d += WARP) ss += x[d] * x[d];
-                ss = warp_sum(ss);
-                if (lane == 0) inv_rms[hh] = rsqrtf(ss / hd + cur.eps);
-            }
-            __syncthreads();
-            for (int e = threadIdx.x; e < nh * hd; e += ATT_THREADS) {
-                int hh = e / hd, d = e % hd;
-                const float *wn = hh < g ? cur.q_norm : cur.k_norm;
-                float *x = hh < g ? qs + e : kn + d;
-                if (wn) *x = *x * inv_rms[hh] * wn[d];
-            }
-            __syncthreads();
-        }
-        int half_rot = cur.n_rot / 2;
-        for (int pr = threadIdx.x; pr < nh * half_rot; pr += ATT_THREADS) {
-            int hh = pr / half_rot, i = pr % half_rot;
-            float *x = hh < g ? qs + hh * hd : kn;
-            float2 cs = rcs[i];
-            float x0 = x[i], x1 = x[i + half_rot];
-            x[i] = x0 * cs.x - x1 * cs.y;
-            x[i + half_rot] = x0 * cs.y + x1 * cs.x;
-        }
-        __syncthreads();
-        if (own && threadIdx.x < hd / 2) { // this token's k row, fp16, for the cache and for this block
-            __half2 kk = __floats2half2_rn(kn[2 * threadIdx.x], kn[2 * threadIdx.x + 1]);
-            ((__half2 *)kh)[threadIdx.x] = kk;
-            ((__half2 *)(kc + ((size_t)pos * n_kv + j) * hd))[threadIdx.x] = kk;
-        }
-    }
-    if (threadIdx.x < g) { mh[threadIdx.x] = -INFINITY; lh[threadIdx.x] = 0.0f; }
-    // Output pairs: slot k of a thread holds dims (d, d+1) of head hh for pair p = threadIdx.x + k *
-    // ATT_THREADS (element 2p of the g heads' outputs); its offsets are fixed for the whole block.
-    const int NP = ATT_MAX_OUT / 2;
-    float2 o[NP];
-    int p_head[NP], p_dim[NP];
-#pragma unroll
-    for (int k = 0; k < NP; k++) {
-        int e = 2 * (threadIdx.x + k * ATT_THREADS);
-        p_head[k] = e < g * hd ? e / hd : -1; // -1: no pair in this slot
-        p_dim[k] = e % hd;
-        o[k] = make_float2(0.0f, 0.0f);
-    }
-    float scale = rsqrtf((float)hd);
-    int v8 = hd / 8;
-    for (int c = c_first; c < c_end; c++) {
-        int nt = att_chunk_len(cut, pos, c), nl = ATT_CACHE_ROWS(c); // the own block has key *pos in kh, vh
-        __syncthreads(); // the previous chunk is consumed
-        // the chunk's rows, loaded one chunk ago, into shared memory
-#pragma unroll
-        for (int k = 0; k < ATT_STAGE; k++) {
-            int i = threadIdx.x + k * ATT_THREADS, t = i / v8, cc = i % v8;
-            if (i < nl * v8) {
-                *(uint4 *)(K + (size_t)t * ks + 8 * cc) = kr[k];
-                *(uint4 *)(Vs + (size_t)t * hd + 8 * cc) = vr[k];
-            }
-        }
-        if (nl < nt && threadIdx.x < v8) {
-            *(uint4 *)(K + (size_t)nl * ks + 8 * threadIdx.x) = ((const uint4 *)kh)[threadIdx.x];
-            *(uint4 *)(Vs + (size_t)nl * hd + 8 * threadIdx.x) = ((const uint4 *)vh)[threadIdx.x];
-        }
-        __syncthreads();
-        if (c + 1 < c_end) att_rows_load(kr, vr, kc, vc, (c + 1) * ck, ATT_CACHE_ROWS(c + 1), n_kv, j, hd);
-        // scores: one thread per (head, key) pair, 8 dims per step (one 16-byte K load, two of q),
-        // four partial sums so the FMAs do not wait on each other
-        for (int i = threadIdx.x; i < g * nt; i += ATT_THREADS) {
-            int hh = i / nt, t = i % nt;
-            const uint4 *kr = (const uint4 *)(K + (size_t)t * ks);
-            const float4 *qh = (const float4 *)(qs + hh * hd);
-            float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
-            for (int c8 = 0; c8 < v8; c8++) {
-                uint4 kw = kr[c8];
-                float4 qa = qh[2 * c8], qb = qh[2 * c8 + 1];
-                float2 k0 = __half22float2(*(const __half2 *)&kw.x), k1 = __half22float2(*(const __half2 *)&kw.y);
-                float2 k2 = __half22float2(*(const __half2 *)&kw.z), k3 = __half22float2(*(const __half2 *)&kw.w);
-                s0 += qa.x * k0.x + qa.y * k0.y;
-                s1 += qa.z * k1.x + qa.w * k1.y;
-                s2 += qb.x * k2.x + qb.y * k2.y;
-                s3 += qb.z * k3.x + qb.w * k3.y;
-            }
-            ps[hh * chunk + t] = ((s0 + s1) + (s2 + s3)) * scale;
-        }
-        __syncthreads();
-        // the running softmax state per head: one warp per head
-        for (int hh = wid; hh < g; hh += nw) {
-            float m = mh[hh];
-            for (int t = lane; t < nt; t += WARP) m = fmaxf(m, ps[hh * chunk + t]);
-            m = warp_max(m);
-            float l = 0.0f;
-            for (int t = lane; t < nt; t += WARP) {
-                float e = __expf(ps[hh * chunk + t] - m);
-                ps[hh * chunk + t] = e;
-                l += e;
-            }
-            l = warp_sum(l);
-            if (lane == 0) {
-                float cr = __expf(mh[hh] - m); // 0 for the first chunk (m was -inf)
-                ch[hh] = cr;
-                lh[hh] = cr * lh[hh] + l;
-                mh[hh] = m;
-            }
-        }
-        __syncthreads();
-        // o = c o + sum_t p[t] V[t]: per output pair, the keys 4 at a time (one 16-byte load of p,
-        // a broadcast within the warp: a warp's pairs are of one head), two independent sums
-#pragma unroll
-        for (int k = 0; k < NP; k++) {
-            if (p_head[k] < 0) continue; // whole warps but for the last slot of g*hd/2 pairs
-            const float *pk = ps + p_head[k] * chunk;
-            const __half2 *vk = (const __half2 *)(Vs + p_dim[k]); // key t at vk[t * hd / 2]
-            float2 a = make_float2(0.0f, 0.0f), b = make_float2(0.0f, 0.0f);
-            int t = 0;
-            for (; t + 4 <= nt; t += 4, vk += 2 * hd) {
-                float4 p4 = *(const float4 *)(pk + t);
-                float2 v0 = __half22float2(vk[0]), v1 = __half22float2(vk[hd / 2]);
-                float2 v2 = __half22float2(vk[hd]), v3 = __half22float2(vk[3 * hd / 2]);
-                a.x += p4.x * v0.x; a.y += p4.x * v0.y;
-                b.x += p4.y * v1.x; b.y += p4.y * v1.y;
-                a.x += p4.z * v2.x; a.y += p4.z * v2.y;
-                b.x += p4.w * v3.x; b.y += p4.w * v3.y;
-            }
-            for (; t < nt; t++, vk += hd / 2) {
-                float2 v0 = __half22float2(vk[0]);
-                a.x += pk[t] * v0.x; a.y += pk[t] * v0.y;
-            }
-            float cr = ch[p_head[k]];
-            o[k] = make_float2(cr * o[k].x + (a.x + b.x), cr * o[k].y + (a.y + b.y));
-        }
-    }
-#undef ATT_CACHE_ROWS
-    if (threadIdx.x < g) {
-        size_t idx = ((size_t)(j * g + threadIdx.x) * n_split + split) * 2;
-        part_ml[idx] = mh[threadIdx.x];
-        part_ml[idx + 1] = lh[threadIdx.x];
-    }
-#pragma unroll
-    for (int k = 0; k < NP; k++)
-        if (p_head[k] >= 0)
-            *(float2 *)&part_o[((size_t)(j * g + p_head[k]) * n_split + split) * hd + p_dim[k]] = o[k];
 
-    // The last split of this kv head to finish merges all of its splits:
-    //   m = max m_s,  out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m)
-    __shared__ int last;
-    __threadfence();
+// 1a. q of the g heads of kv head j into sh.q, and in the block that holds key pos (own) this
+// token's k into sh.k and its v, in fp16, into sh.vh and the cache (v needs no rotation): 16-byte
+// loads, all issued before the first store.
+__device__ __forceinline__ void att_load_q_kv(const AttShared &sh, const AttNew &cur,
+                                              const float *q /* (n_head, hd) roped, or NULL */,
+                                              __half *vc /* (n_ctx, n_kv, hd) */, int j, int g,
+                                              int hd, int n_kv, int pos, int own) {
+    const int NQ = ATT_MAX_OUT / 4;
+    float4 qv[NQ], k4, v4;
+    float2 cs = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int k = 0; k < NQ; k++) {
+        int e = 4 * (threadIdx.x + k * ATT_THREADS); // element of the g heads' q
+        if (e < g * hd)
+            qv[k] = cur.q_src
+                        ? *(const float4 *)(cur.q_src + (size_t)(j * g + e / hd) * cur.q_stride + e % hd)
+                        : *(const float4 *)(q + (size_t)j * g * hd + e);
+    }
+    if (own && threadIdx.x < hd / 4) {
+        k4 = *(const float4 *)(cur.k + (size_t)j * hd + 4 * threadIdx.x);
+        v4 = *(const float4 *)(cur.v + (size_t)j * hd + 4 * threadIdx.x);
+    }
+    if (cur.q_src && threadIdx.x < cur.n_rot / 2) cs = cur.rope_cs[threadIdx.x];
+#pragma unroll
+    for (int k = 0; k < NQ; k++)
+        if (threadIdx.x + k * ATT_THREADS < g * hd / 4)
+            ((float4 *)sh.q)[threadIdx.x + k * ATT_THREADS] = qv[k];
+    if (cur.q_src && threadIdx.x < cur.n_rot / 2) sh.cs[threadIdx.x] = cs;
+    if (own && threadIdx.x < hd / 4) {
+        ((float4 *)sh.k)[threadIdx.x] = k4;
+        __half2 a = __floats2half2_rn(v4.x, v4.y), b = __floats2half2_rn(v4.z, v4.w);
+        ((__half2 *)sh.vh)[2 * threadIdx.x] = a;
+        ((__half2 *)sh.vh)[2 * threadIdx.x + 1] = b;
+        __half2 *dst = (__half2 *)(vc + ((size_t)pos * n_kv + j) * hd) + 2 * threadIdx.x;
+        dst[0] = a;
+        dst[1] = b;
+    }
+}
+
+// 1b. qwen3 / qwen35's RMSNorm of each head, x = x / sqrt(mean(x^2) + eps) * w, then NEOX RoPE:
+// each pair (x[i], x[i + n_rot/2]), i < n_rot/2, rotated by this token's angle theta_i. Heads
+// 0..g-1 are q in sh.q, head g (own block only) is k in sh.k.
+__device__ __forceinline__ void att_qk_norm_rope(const AttShared &sh, const AttNew &cur, int g,
+                                                 int hd, int own) {
+    __shared__ float inv_rms[33]; // (g + 1): the q heads' 1/rms, then the own block's k head
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;
+    int nh = g + own;
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&kv_done[j], 1) == ns - 1;
+    if (cur.q_norm || cur.k_norm) {
+        for (int hh = wid; hh < nh; hh += nw) {
+            const float *x = hh < g ? sh.q + hh * hd : sh.k;
+            if (!(hh < g ? cur.q_norm : cur.k_norm)) continue;
+            float ss = 0.0f;
+            for (int d = lane; d < hd; d += WARP) ss += x[d] * x[d];
+            ss = warp_sum(ss);
+            if (lane == 0) inv_rms[hh] = rsqrtf(ss / hd + cur.eps);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < nh * hd; e += ATT_THREADS) {
+            int hh = e / hd, d = e % hd;
+            const float *wn = hh < g ? cur.q_norm : cur.k_norm;
+            float *x = hh < g ? sh.q + e : sh.k + d;
+            if (wn) *x = *x * inv_rms[hh] * wn[d];
+        }
+        __syncthreads();
+    }
+    int half_rot = cur.n_rot / 2;
+    for (int pr = threadIdx.x; pr < nh * half_rot; pr += ATT_THREADS) {
+        int hh = pr / half_rot, i = pr % half_rot;
+        float *x = hh < g ? sh.q + hh * hd : sh.k;
+        float2 cs = sh.cs[i];
+        float x0 = x[i], x1 = x[i + half_rot];
+        x[i] = x0 * cs.x - x1 * cs.y;
+        x[i + half_rot] = x0 * cs.y + x1 * cs.x;
+    }
     __syncthreads();
-    if (!last) return;
-    __threadfence();
-    // weights e^(m_s - m) / l per head and split in shared memory (the K/V staging area): one warp
-    // per head, lane s holds split s (ns <= n_split <= 32, att_splits)
-    float *wts = (float *)smem;
+}
+
+// 1c. The KV store of k: this token's key row, fp16, into the cache at pos and into sh.kh.
+__device__ __forceinline__ void att_store_k(const AttShared &sh, __half *kc /* (n_ctx, n_kv, hd) */,
+                                            int j, int hd, int n_kv, int pos) {
+    if (threadIdx.x < hd / 2) {
+        __half2 kk = __floats2half2_rn(sh.k[2 * threadIdx.x], sh.k[2 * threadIdx.x + 1]);
+        ((__half2 *)sh.kh)[threadIdx.x] = kk;
+        ((__half2 *)(kc + ((size_t)pos * n_kv + j) * hd))[threadIdx.x] = kk;
+    }
+}
+
+// 2a. A chunk's K and V rows, loaded into registers one chunk ago, into shared memory: nl rows
+// from the cache, then (nl < nt: the own block's last chunk) this token's own row from sh.kh, sh.vh.
+__device__ __forceinline__ void att_stage_chunk(const AttShared &sh, const uint4 *kr,
+                                                const uint4 *vr, int nl, int nt, int hd) {
+    int v8 = hd / 8, ks = hd + ATT_KPAD;
+#pragma unroll
+    for (int k = 0; k < ATT_STAGE; k++) {
+        int i = threadIdx.x + k * ATT_THREADS, t = i / v8, cc = i % v8;
+        if (i < nl * v8) {
+            *(uint4 *)(sh.K + (size_t)t * ks + 8 * cc) = kr[k];
+            *(uint4 *)(sh.V + (size_t)t * hd + 8 * cc) = vr[k];
+        }
+    }
+    if (nl < nt && threadIdx.x < v8) {
+        *(uint4 *)(sh.K + (size_t)nl * ks + 8 * threadIdx.x) = ((const uint4 *)sh.kh)[threadIdx.x];
+        *(uint4 *)(sh.V + (size_t)nl * hd + 8 * threadIdx.x) = ((const uint4 *)sh.vh)[threadIdx.x];
+    }
+}
+
+// 2b. s[h][t] = q[h] . K[t] / sqrt(hd) for the chunk's nt keys: one thread per (head, key) pair,
+// 8 dims per step (one 16-byte K load, two of q), four partial sums so the FMAs do not wait on
+// each other.
+__device__ __forceinline__ void att_chunk_scores(const AttShared &sh, int g, int nt, int hd,
+                                                 int chunk, float scale) {
+    int v8 = hd / 8, ks = hd + ATT_KPAD;
+    for (int i = threadIdx.x; i < g * nt; i += ATT_THREADS) {
+        int hh = i / nt, t = i % nt;
+        const uint4 *kr = (const uint4 *)(sh.K + (size_t)t * ks);
+        const float4 *qh = (const float4 *)(sh.q + hh * hd);
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int c8 = 0; c8 < v8; c8++) {
+            uint4 kw = kr[c8];
+            float4 qa = qh[2 * c8], qb = qh[2 * c8 + 1];
+            float2 k0 = __half22float2(*(const __half2 *)&kw.x);
+            float2 k1 = __half22float2(*(const __half2 *)&kw.y);
+            float2 k2 = __half22float2(*(const __half2 *)&kw.z);
+            float2 k3 = __half22float2(*(const __half2 *)&kw.w);
+            s0 += qa.x * k0.x + qa.y * k0.y;
+            s1 += qa.z * k1.x + qa.w * k1.y;
+            s2 += qb.x * k2.x + qb.y * k2.y;
+            s3 += qb.z * k3.x + qb.w * k3.y;
+        }
+        sh.p[hh * chunk + t] = ((s0 + s1) + (s2 + s3)) * scale;
+    }
+}
+
+// 2c. The running softmax state per head, one warp per head: m' = max(m, max s), p = e^(s - m')
+// in place of s, l' = c l + sum p with c = e^(m - m') (0 for the first chunk: m was -inf).
+__device__ __forceinline__ void att_softmax_update(float *p /* (g, chunk) */, float *mh /* (g) */,
+                                                   float *lh /* (g) */, float *ch /* (g) */, int g,
+                                                   int nt, int chunk) {
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;
+    for (int hh = wid; hh < g; hh += nw) {
+        float m = mh[hh];
+        for (int t = lane; t < nt; t += WARP) m = fmaxf(m, p[hh * chunk + t]);
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int t = lane; t < nt; t += WARP) {
+            float e = __expf(p[hh * chunk + t] - m);
+            p[hh * chunk + t] = e;
+            l += e;
+        }
+        l = warp_sum(l);
+        if (lane == 0) {
+            float cr = __expf(mh[hh] - m);
+            ch[hh] = cr;
+            lh[hh] = cr * lh[hh] + l;
+            mh[hh] = m;
+        }
+    }
+}
+
+// 2d. o = c o + sum_t p[t] V[t], per output pair (dims d, d+1 of head p_head[k]) of this thread:
+// the keys 4 at a time (one 16-byte load of p, a broadcast within the warp: a warp's pairs are of
+// one head), two independent sums.
+__device__ __forceinline__ void att_accumulate_pv(float2 (&o)[ATT_MAX_OUT / 2],
+                                                  const int (&p_head)[ATT_MAX_OUT / 2],
+                                                  const int (&p_dim)[ATT_MAX_OUT / 2],
+                                                  const AttShared &sh, const float *ch, int nt,
+                                                  int hd, int chunk) {
+#pragma unroll
+    for (int k = 0; k < ATT_MAX_OUT / 2; k++) {
+        if (p_head[k] < 0) continue; // whole warps but for the last slot of g*hd/2 pairs
+        const float *pk = sh.p + p_head[k] * chunk;
+        const __half2 *vk = (const __half2 *)(sh.V + p_dim[k]); // key t at vk[t * hd / 2]
+        float2 a = make_float2(0.0f, 0.0f), b = make_float2(0.0f, 0.0f);
+        int t = 0;
+        for (; t + 4 <= nt; t += 4, vk += 2 * hd) {
+            float4 p4 = *(const float4 *)(pk + t);
+            float2 v0 = __half22float2(vk[0]), v1 = __half22float2(vk[hd / 2]);
+            float2 v2 = __half22float2(vk[hd]), v3 = __half22float2(vk[3 * hd / 2]);
+            a.x += p4.x * v0.x; a.y += p4.x * v0.y;
+            b.x += p4.y * v1.x; b.y += p4.y * v1.y;
+            a.x += p4.z * v2.x; a.y += p4.z * v2.y;
+            b.x += p4.w * v3.x; b.y += p4.w * v3.y;
+        }
+        for (; t < nt; t++, vk += hd / 2) {
+            float2 v0 = __half22float2(vk[0]);
+            a.x += pk[t] * v0.x; a.y += pk[t] * v0.y;
+        }
+        float cr = ch[p_head[k]];
+        o[k] = make_float2(cr * o[k].x + (a.x + b.x), cr * o[k].y + (a.y + b.y));
+    }
+}
+
+// 4. The merge, in the last block of kv head j to finish (ns <= 32 splits, one per lane): the
+// weights e^(m_s - m) / l with m = max m_s and l = sum_s l_s e^(m_s - m), per head and split, then
+// out = sum_s w_s o_s into shared memory (returned: (g, hd)). Per thread slot, 4 consecutive dims
+// (16-byte loads of the partial outputs) and ATT_MERGE_DEPTH splits per round, every load of the
+// round issued before the first multiply: one L2 latency per round, not one per split.
+__device__ __forceinline__ float *att_merge(float *smem, const float *part_o /* (n_head, n_split, hd) */,
+                                            const float *part_ml /* (n_head, n_split, 2) */, int j,
+                                            int g, int hd, int n_split, int ns) {
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;
+    float *wts = smem; // (g, ns) the weights, in the K/V staging area
     for (int hh = wid; hh < g; hh += nw) {
         const float *ml = part_ml + (size_t)(j * g + hh) * n_split * 2;
-        float ms = lane < ns ? __ldcg(&ml[2 * lane]) : -INFINITY, ls = lane < ns ? __ldcg(&ml[2 * lane + 1]) : 0.0f;
+        float ms = lane < ns ? __ldcg(&ml[2 * lane]) : -INFINITY;
+        float ls = lane < ns ? __ldcg(&ml[2 * lane + 1]) : 0.0f;
         float m = warp_max(ms), e = __expf(ms - m); // e = 0 past ns
         float l = warp_sum(ls * e);
         if (lane < ns) wts[hh * ns + lane] = e / l;
     }
     __syncthreads();
-    // Merged outputs, 4 consecutive dims per thread slot: quad qd = threadIdx.x + k * ATT_THREADS of
-    // the g*hd/4 (16-byte loads of the partial outputs; index arithmetic once, outside the rounds).
-    // Per slot, ATT_MERGE_DEPTH splits per round, every load of the round issued before the first
-    // multiply: one L2 latency per round (2 rounds for 32 splits), not one per split.
     const int NQ = ATT_MAX_OUT / 4;
     int q_head[NQ], q_dim[NQ];
     float4 om[NQ];
@@ -3025,7 +3008,8 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
 #pragma unroll
     for (int k = 0; k < NQ; k++) {
         if (q_head[k] < 0) continue;
-        const float4 *po = (const float4 *)(part_o + ((size_t)(j * g + q_head[k]) * n_split) * hd + q_dim[k]);
+        const float4 *po =
+            (const float4 *)(part_o + ((size_t)(j * g + q_head[k]) * n_split) * hd + q_dim[k]);
         const float *wt = wts + q_head[k] * ns;
         for (int sp0 = 0; sp0 < ns; sp0 += ATT_MERGE_DEPTH) {
             float4 v[ATT_MERGE_DEPTH];
@@ -3041,14 +3025,20 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
             }
         }
     }
-    // through shared memory (after the weights) back to one value per lane: the gate, the fp32
-    // output and the quantized copy (a warp quantizes 32 consecutive values)
-    float *mo = wts + (g * ns + 3) / 4 * 4;
+    float *mo = wts + (g * ns + 3) / 4 * 4; // after the weights
 #pragma unroll
     for (int k = 0; k < NQ; k++)
         if (q_head[k] >= 0) *(float4 *)(mo + q_head[k] * hd + q_dim[k]) = om[k];
     __syncthreads();
-    int nb = n_head * hd / 32;
+    return mo;
+}
+
+// 5. qwen35's output gate, out = merged * sigmoid(gate), then the fp32 output and its 16-bit
+// copy: one value per lane (a warp quantizes 32 consecutive values).
+__device__ __forceinline__ void att_output_gate(const float *mo /* (g, hd) */, Act out,
+                                                const float *gate, int gate_stride, int j, int g,
+                                                int hd, int n_head) {
+    int lane = threadIdx.x % WARP, nb = n_head * hd / 32;
 #pragma unroll
     for (int k = 0; k < ATT_MAX_OUT; k++) {
         int i = threadIdx.x + k * ATT_THREADS; // whole warps: g*hd is a multiple of 32
@@ -3058,6 +3048,104 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
         out.f[(size_t)j * g * hd + i] = v;
         if (out.q.q) quantize_block_warp(v, out.q, (j * g * hd + i - lane) / 32, nb);
     }
+}
+
+// HD > 0: the head dim as a compile-time constant (unrolled loops, immediate offsets); 0: hd_arg.
+template <int HD>
+__global__ void __launch_bounds__(ATT_THREADS, 2) // 2 blocks per SM: at most 128 registers
+attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur.q_src is set)
+                       __half *kc,        // (n_ctx, n_kv, hd) written at *pos when cur.q_src is set
+                       __half *vc,        // (n_ctx, n_kv, hd)
+                       AttNew cur,
+                       float *part_o,     // (n_head, n_split, hd)
+                       float *part_ml,    // (n_head, n_split, 2)
+                       int *kv_done,      // (n_kv) counters, zero between tokens
+                       Act out,           // (n_head, hd) the merged output
+                       const float *gate, // (n_head, gate_stride) qwen35's gate, or NULL
+                       int gate_stride,
+                       const int *pos_p,  // (1) this token's position, on the GPU
+                       int n_head, int n_kv, int hd_arg, int n_split, int chunk) {
+    extern __shared__ uint4 smem[];
+    const int hd = HD > 0 ? HD : hd_arg;
+    int j = blockIdx.x, split = blockIdx.y, pos = *pos_p;
+    AttCut cut = att_cut(pos, n_split, chunk); // this token's chunks and splits
+    int ck = cut.ck, n_chunks = cut.n_chunks, cps = cut.cps, ns = cut.ns;
+    if (split >= ns) return;
+    int g = n_head / n_kv;
+    AttShared sh;
+    sh.K = (__half *)smem;
+    sh.V = sh.K + (size_t)chunk * (hd + ATT_KPAD);
+    sh.q = (float *)(sh.V + (size_t)chunk * hd);
+    sh.p = sh.q + g * hd;
+    sh.k = sh.p + g * chunk;
+    sh.cs = (float2 *)(sh.k + hd);
+    sh.kh = (__half *)(sh.cs + hd / 2);
+    sh.vh = sh.kh + hd;
+    __shared__ float mh[32], lh[32], ch[32]; // per query head (g <= 32): running m, l, rescale c
+    // own: this block holds key pos (the last split) and writes this token's k and v into the cache
+    int own = cur.q_src != NULL && split == ns - 1;
+    // Chunk c's rows from the cache: att_chunk_len of them, less this token's own in the own
+    // block's last chunk (they come from sh.kh, sh.vh: the cache row is written by this block).
+#define ATT_CACHE_ROWS(c) (att_chunk_len(cut, pos, c) - (own && (c) == n_chunks - 1))
+    int c_first = split * cps, c_end = att_split_end(cut, split);
+    uint4 kr[ATT_STAGE], vr[ATT_STAGE]; // the first chunk's rows go out now: they do not need q
+    att_rows_load(kr, vr, kc, vc, c_first * ck, ATT_CACHE_ROWS(c_first), n_kv, j, hd);
+    att_load_q_kv(sh, cur, q, vc, j, g, hd, n_kv, pos, own);
+    if (cur.q_src) {
+        att_qk_norm_rope(sh, cur, g, hd, own);
+        if (own) att_store_k(sh, kc, j, hd, n_kv, pos);
+    }
+    if (threadIdx.x < g) {
+        mh[threadIdx.x] = -INFINITY;
+        lh[threadIdx.x] = 0.0f;
+    }
+    // Output pairs: slot k of a thread holds dims (d, d+1) of head hh for pair p = threadIdx.x + k
+    // * ATT_THREADS (element 2p of the g heads' outputs); its offsets are fixed for the block.
+    const int NP = ATT_MAX_OUT / 2;
+    float2 o[NP];
+    int p_head[NP], p_dim[NP];
+#pragma unroll
+    for (int k = 0; k < NP; k++) {
+        int e = 2 * (threadIdx.x + k * ATT_THREADS);
+        p_head[k] = e < g * hd ? e / hd : -1; // -1: no pair in this slot
+        p_dim[k] = e % hd;
+        o[k] = make_float2(0.0f, 0.0f);
+    }
+    float scale = rsqrtf((float)hd);
+    for (int c = c_first; c < c_end; c++) {
+        int nt = att_chunk_len(cut, pos, c), nl = ATT_CACHE_ROWS(c);
+        __syncthreads(); // the previous chunk is consumed
+        att_stage_chunk(sh, kr, vr, nl, nt, hd);
+        __syncthreads();
+        if (c + 1 < c_end)
+            att_rows_load(kr, vr, kc, vc, (c + 1) * ck, ATT_CACHE_ROWS(c + 1), n_kv, j, hd);
+        att_chunk_scores(sh, g, nt, hd, chunk, scale);
+        __syncthreads();
+        att_softmax_update(sh.p, mh, lh, ch, g, nt, chunk);
+        __syncthreads();
+        att_accumulate_pv(o, p_head, p_dim, sh, ch, nt, hd, chunk);
+    }
+#undef ATT_CACHE_ROWS
+    // 3. this split's m, l and o
+    if (threadIdx.x < g) {
+        size_t idx = ((size_t)(j * g + threadIdx.x) * n_split + split) * 2;
+        part_ml[idx] = mh[threadIdx.x];
+        part_ml[idx + 1] = lh[threadIdx.x];
+    }
+#pragma unroll
+    for (int k = 0; k < NP; k++)
+        if (p_head[k] >= 0)
+            *(float2 *)&part_o[((size_t)(j * g + p_head[k]) * n_split + split) * hd + p_dim[k]] = o[k];
+    // the last split of this kv head to finish merges all of them
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&kv_done[j], 1) == ns - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float *mo = att_merge((float *)smem, part_o, part_ml, j, g, hd, n_split, ns);
+    att_output_gate(mo, out, gate, gate_stride, j, g, hd, n_head);
     if (threadIdx.x == 0) kv_done[j] = 0;
 }
 
