@@ -1352,7 +1352,17 @@ static void attention_prefill_c(float *out, float *mag, const float *q, const fl
 }
 
 static float sigmoid_c(float x) { return 1.0f / (1.0f + expf(-x)); }
-static float softplus_c(float x) { return x > 20.0f ? x : logf(1.0f + expf(x)); }
+
+// The gates of v head hv: g = softplus(alpha + dt_bias) * a, the log of the decay (a = -exp(A_log)
+// < 0, so g <= 0), and beta = sigmoid(beta_raw), the write strength. The same code on the CPU and
+// the GPU. beta_raw, alpha_raw, dt_bias, ssm_a: (Hv) each.
+__host__ __device__ static inline void gdn_gates(int hv, const float *beta_raw,
+                                                 const float *alpha_raw, const float *dt_bias,
+                                                 const float *ssm_a, float *g, float *beta) {
+    float x = alpha_raw[hv] + dt_bias[hv];
+    *g = (x > 20.0f ? x : logf(1.0f + expf(x))) * ssm_a[hv];
+    *beta = 1.0f / (1.0f + expf(-beta_raw[hv]));
+}
 
 // --- Gated DeltaNet pieces (qwen35), each the C twin of a GPU kernel ---
 
@@ -1463,8 +1473,8 @@ static void deltanet_block_cpu(const Model *m, CpuState *s, int l) {
     const float *dt_bias = (const float *)L->dt_bias.host, *a = (const float *)L->ssm_a.host;
     for (int hv = 0; hv < Hv; hv++) {
         int hk = hv % Hk; // V heads are tiled over the K heads (converter's order)
-        float g = softplus_c(s->alpha[hv] + dt_bias[hv]) * a[hv]; // log of the decay, <= 0
-        float beta = sigmoid_c(s->beta[hv]);
+        float g, beta;
+        gdn_gates(hv, s->beta, s->alpha, dt_bias, a, &g, &beta);
         float *o = s->gdn_out + (size_t)hv * S;
         gdn_step_c(state + (size_t)hv * S * S, q + (size_t)hk * S, k + (size_t)hk * S, v + (size_t)hv * S, g, beta, o, S);
         gated_rmsnorm_c(o, s->z + (size_t)hv * S, (const float *)L->ssm_norm.host, S, c->eps);
@@ -2612,13 +2622,19 @@ static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, con
     matvec_batch(3, W, bias, y, in, st);
 }
 
-// --- norms, RoPE + KV cache, attention, SwiGLU ---------------------------------------------------
+// ------------------------------------------------------------------------------------------------
+// 7. GPU kernels of a layer: RMSNorm, attention, Gated DeltaNet, SwiGLU
+// ------------------------------------------------------------------------------------------------
+// The steps of a token between its mat-vecs. Each one that feeds a mat-vec writes its output in
+// fp32 and as the 16-bit copy of 6.2 (quantize_block_warp): no launch is spent on quantizing. They
+// move few bytes and are bound by latency, so they are fused where a launch can be saved.
 
+// --- 7.1 RMSNorm ---------------------------------------------------------------------------------
 // out = x / sqrt(mean(x^2) + eps) * w in fp32, and (n a multiple of 32) its quantized copy.
 // Every block sums the squares of all of x (20 KB from L2, cheaper than a second launch) and then
-// handles its own 32-value blocks, one per warp. The kernel is all latency (~130 launches a token),
-// so every load is issued before the first add: x as up to 8 float4 per thread, and the block's own
-// x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
+// handles its own 32-value blocks, one per warp. The kernel is all latency (~130 launches a
+// token), so every load is issued before the first add: x as up to 8 float4 per thread, and the
+// block's own x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
 #define NORM_THREADS 256
 __global__ void __launch_bounds__(NORM_THREADS)
 rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */, int n, float eps) {
@@ -3149,16 +3165,66 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
     if (threadIdx.x == 0) kv_done[j] = 0;
 }
 
-// --- Gated DeltaNet (qwen35) ---------------------------------------------------------------------
-
-// v head hv's gates: g = softplus(alpha + dt_bias) * a (the log decay), beta = sigmoid(beta_raw).
-// beta_raw, alpha_raw, dt_bias, ssm_a: (Hv) each; g, beta: one value each.
-__device__ __forceinline__ void gdn_gates(int hv, const float *beta_raw, const float *alpha_raw, const float *dt_bias,
-                                          const float *ssm_a, float *g, float *beta) {
-    float x = alpha_raw[hv] + dt_bias[hv];
-    *g = (x > 20.0f ? x : logf(1.0f + expf(x))) * ssm_a[hv];
-    *beta = 1.0f / (1.0f + expf(-beta_raw[hv]));
+// The attention kernel for a head dim: those of the Qwen models compiled as constants, any other
+// (the tiny test models) at run time.
+typedef void (*AttKernel)(const float *, __half *, __half *, AttNew, float *, float *, int *, Act,
+                          const float *, int, const int *, int, int, int, int, int);
+static AttKernel att_kernel(int hd) {
+    return hd == 128   ? attention_split_kernel<128>
+           : hd == 256 ? attention_split_kernel<256>
+                       : attention_split_kernel<0>;
 }
+
+// Attention of the token at *pos over one layer's cache: partial softmax states per split, merged
+// into out (fp32 and quantized). n_split = att_splits(n_ctx, hd): the grid's splits per kv head
+// (those past *pos return at once) and the slots of part_o / part_ml. cur: this token's raw q, k,
+// v (RoPE and the KV store done here), or NULL: q roped already, the cache holding *pos. Needs
+// head_dim * g a multiple of 32 (attention_setup checks it).
+static void attention(const float *q /* (n_head, hd) or NULL */,
+                      __half *kc /* (n_ctx, n_kv, hd) */, __half *vc /* (n_ctx, n_kv, hd) */,
+                      const AttNew *cur, float *part_o /* (n_head, n_split, hd) */,
+                      float *part_ml /* (n_head, n_split, 2) running max and sum */,
+                      int *kv_done /* (n_kv) zeroed counters */, Act *out /* (n_head * hd) */,
+                      const float *gate /* (n_head, gate_stride) or NULL */, int gate_stride,
+                      const int *pos, int n_head, int n_kv, int hd, int n_split, cudaStream_t st) {
+    int chunk = att_chunk(hd), g = n_head / n_kv;
+    size_t smem = att_smem(g, hd, chunk);
+    if (n_split < 1 || n_split > WARP) die("attention: %d splits per kv head (1..%d)", n_split, WARP);
+    AttNew none;
+    memset(&none, 0, sizeof none);
+    att_kernel(hd)<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(
+        q, kc, vc, cur ? *cur : none, part_o, part_ml, kv_done, *out, gate, gate_stride, pos,
+        n_head, n_kv, hd, n_split, chunk);
+    KERNEL_CHECK();
+}
+
+// Check once that the attention kernel gets the shared memory it needs (over 48 KB needs opting in).
+static void attention_setup(int n_head, int n_kv, int hd) {
+    int g = n_head / n_kv;
+    size_t smem = att_smem(g, hd, att_chunk(hd));
+    if (g > 32 || hd % 32 != 0 || hd > 2 * ATT_THREADS || g * hd > ATT_THREADS * ATT_MAX_OUT)
+        die("attention: %d query heads per kv head of dim %d are not supported (head dim a "
+            "multiple of 32 up to %d, query heads per kv head x head dim at most %d)",
+            g, hd, 2 * ATT_THREADS, ATT_THREADS * ATT_MAX_OUT);
+    int dev, optin;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (smem > (size_t)optin)
+        die("attention needs %zu bytes of shared memory per block (%d query heads per kv head of "
+            "dim %d); this GPU allows %d", smem, g, hd, optin);
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(att_kernel(hd), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+}
+
+// --- 7.3 Gated DeltaNet (qwen35) ----------------------------------------------------------------
+// Linear attention with a recurrent state per v head, an S x S matrix M. Per token:
+//   conv   [q | k | v] = silu(causal 4-tap conv of the qkv projection)        gdn_conv_c
+//   norms  q = q / ||q||,  k = k / ||k||                                        l2norm_c
+//   gates  g = softplus(alpha + dt_bias) * a,  beta = sigmoid(beta_raw)        gdn_gates
+//   rule   M = M e^g;  M = M + beta (v - M k) k^T;  o = M q / sqrt(S)          gdn_step_c
+//   output rmsnorm(o) * w * silu(z)                                             gated_rmsnorm_c
+// A decode token runs all of it in one launch (gdn_token_kernel; three for state sizes above 128).
 
 // Finish channel *y of head block b of [q heads | k heads | v heads] after the conv: q and k heads
 // are L2-normalised, y / max(||y||, eps); thread 0 of a v head's block computes the head's gates
@@ -3491,6 +3557,7 @@ static void gdn_token(float *state, float *cs, const float *mixed, const float *
     KERNEL_CHECK();
 }
 
+// --- 7.4 SwiGLU ----------------------------------------------------------------------------------
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy): the FFN's
 // activation after its gate and up mat-vecs. C twin: the silu_c(hb) * hb2 loop in ffn_block_cpu.
 __global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u /* (n) */, int n) {
@@ -3501,14 +3568,14 @@ __global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u
         v = silu(gv) * u[i];
         h.f[i] = v;
     }
-    if (h.q.q && n % 32 == 0 && i - threadIdx.x % WARP < n) quantize_block_warp(v, h.q, i / 32, n / 32);
+    if (h.q.q && n % 32 == 0 && i - threadIdx.x % WARP < n)
+        quantize_block_warp(v, h.q, i / 32, n / 32);
 }
 
-// h = silu(G x) * (U x) for the FFN, fp32 and quantized: gate and up as one batch of mat-vecs (gate
-// into h, up into u: (n_ff) scratch), then silu_mul_quant_kernel. (A fused epilogue, in which the
-// mat-vec's warps counted finished rows and the last of each 32 quantized them, measured 0.6-0.8 %
-// slower per 27B token on the H200: its counts and fences sat in the mat-vec's tail.)
-static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h, float *u, cudaStream_t st) {
+// h = silu(G x) * (U x) for the FFN, fp32 and quantized: gate and up as one batch of mat-vecs
+// (gate into h, up into u), then silu_mul_quant_kernel.
+static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h /* (n_ff) */,
+                        float *u /* (n_ff) scratch */, cudaStream_t st) {
     const Tensor *W[2] = {G, U};
     const float *nob[2] = {NULL, NULL};
     float *y[2] = {h->f, u};
@@ -3516,51 +3583,6 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h,
     matvec_batch(2, W, nob, y, in, st);
     silu_mul_quant_kernel<<<(n_ff + 255) / 256, 256, 0, st>>>(*h, u, n_ff);
     KERNEL_CHECK();
-}
-
-// The attention kernel for a head dim: those of the Qwen models compiled as constants, any other
-// (tiny test models) at run time.
-typedef void (*AttKernel)(const float *, __half *, __half *, AttNew, float *, float *, int *, Act, const float *, int,
-                          const int *, int, int, int, int, int);
-static AttKernel att_kernel(int hd) {
-    return hd == 128 ? attention_split_kernel<128> : hd == 256 ? attention_split_kernel<256> : attention_split_kernel<0>;
-}
-
-// Attention of the token at *pos over one layer's cache: partial softmax states per split, merged
-// into out (fp32 and quantized). n_split = att_splits(n_ctx, hd): the grid's splits per kv head
-// (those past *pos return at once) and the slots of part_o / part_ml. cur: this token's raw q, k, v
-// (RoPE and the KV store done here), or NULL: q roped already, the cache holding *pos.
-// kv_done: (n_kv) zeroed counters. Needs head_dim * g a multiple of 32 (checked in attention_setup).
-// Shapes: q (n_head, hd) or NULL; kc, vc (n_ctx, n_kv, hd); part_o (n_head, n_split, hd); part_ml
-// (n_head, n_split, 2) running max and sum; out (n_head * hd); gate (n_head, gate_stride) or NULL.
-static void attention(const float *q, __half *kc, __half *vc, const AttNew *cur, float *part_o, float *part_ml,
-                      int *kv_done, Act *out, const float *gate, int gate_stride, const int *pos, int n_head, int n_kv,
-                      int hd, int n_split, cudaStream_t st) {
-    int chunk = att_chunk(hd), g = n_head / n_kv;
-    size_t smem = att_smem(g, hd, chunk);
-    if (n_split < 1 || n_split > WARP) die("attention: %d splits per kv head (1..%d)", n_split, WARP);
-    AttNew none;
-    memset(&none, 0, sizeof none);
-    att_kernel(hd)<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(q, kc, vc, cur ? *cur : none, part_o, part_ml,
-                                                                   kv_done, *out, gate, gate_stride, pos, n_head, n_kv,
-                                                                   hd, n_split, chunk);
-    KERNEL_CHECK();
-}
-
-// Check once that the attention kernel gets the shared memory it needs (over 48 KB needs opting in).
-static void attention_setup(int n_head, int n_kv, int hd) {
-    size_t smem = att_smem(n_head / n_kv, hd, att_chunk(hd));
-    if (n_head / n_kv > 32 || hd % 32 != 0 || hd > 2 * ATT_THREADS || n_head / n_kv * hd > ATT_THREADS * ATT_MAX_OUT)
-        die("attention: %d query heads per kv head of dim %d are not supported (head dim a multiple of 32 up to %d, "
-            "query heads per kv head x head dim at most %d)", n_head / n_kv, hd, 2 * ATT_THREADS, ATT_THREADS * ATT_MAX_OUT);
-    int dev, optin;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    if (smem > (size_t)optin)
-        die("attention needs %zu bytes of shared memory per block (%d query heads per kv head of dim %d); this GPU "
-            "allows %d", smem, n_head / n_kv, hd, optin);
-    if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(att_kernel(hd), cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
 
 // ------------------------------------------------------------------------------------------------
