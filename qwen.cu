@@ -31,8 +31,8 @@
 //     Quantization blocks run along a row.
 //   * The residual stream and every accumulation are fp32. The V100 has no bf16 and real Qwen
 //     activations have outliers that fp16 sums cannot hold. The KV cache is fp16; the inputs of the
-//     fast mat-vecs are 16-bit integers with an fp32 scale per 32 values (section 6); the inputs of
-//     the prefill's tensor-core products are fp16 rows with a power-of-two scale per row (6b).
+//     fast mat-vecs are 16-bit integers with an fp32 scale per 32 values (6.2); the inputs of
+//     the prefill's tensor-core products are fp16 rows with a power-of-two scale per row (8).
 //   * Shapes in comments are written (outer, ..., inner), the innermost index contiguous.
 
 #include <ctype.h>
@@ -623,12 +623,12 @@ static const GGUFTensor *gguf_tensor(const GGUF *g, const char *name) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 3. Tensor types: block layouts and their C dequantizers
+// 3. Tensor types: block layouts and their dequantizer
 // ------------------------------------------------------------------------------------------------
 // A quantized row is a sequence of blocks; each block stores `blck` weights in `type_size` bytes.
-// The dequantizers below are the readable definition of each format: the GPU mat-vec kernels of
-// section 6 compute exactly these values, and the tests check that they do. Scales (d, dmin, m)
-// are IEEE fp16, stored as raw bits.
+// dequant_unit below is the readable definition of each format: every GPU mat-vec and product
+// computes exactly its values, and the tests check that they do. Scales (d, dmin, m) are IEEE
+// fp16, stored as raw bits.
 
 enum {
     GGML_TYPE_F32 = 0, GGML_TYPE_F16 = 1, GGML_TYPE_Q4_0 = 2, GGML_TYPE_Q4_1 = 3,
@@ -890,9 +890,9 @@ typedef struct {
     int ssm_inner;            // Hv * S
 } Config;
 
-// Where the fast mat-vecs' units of a tensor lie in its device copy (the planes' step order,
-// section 6): upw = 0 row by row; else the units in the order of the streaming launch that reads
-// them, whose runs are upw units long and in whose stream the tensor's units are [first, first + units).
+// Where the fast mat-vecs' units of a tensor lie in its device copy (the planes' step order, 6.3):
+// upw = 0 row by row; else the units in the order of the streaming launch that reads them, whose
+// runs are upw units long and in whose stream the tensor's units are [first, first + units).
 typedef struct {
     int upw, first, units;
 } StepOrder;
@@ -906,8 +906,8 @@ typedef struct {
     const uint8_t *host;   // (n_out, row_bytes(type, n_in)) in the mapped file
     size_t nbytes;
     void *dev;             // device copy: the file's rows, or (planes = 1) the plane layout; NULL if not uploaded
-    int planes;            // 1: the device copy is in the plane layout of the fast mat-vecs (section 6)
-    StepOrder so;          // planes only: the order of their units (section 6; so.upw = 0: row by row)
+    int planes;            // 1: the device copy is in the plane layout of the fast mat-vecs (6.3)
+    StepOrder so;          // planes only: the order of their units (6.3; so.upw = 0: row by row)
 } Tensor;
 
 typedef struct {
@@ -934,7 +934,7 @@ typedef struct {
 } LayerWeights;
 
 typedef struct {
-    Tensor token_embd;         // (n_vocab, n_embd); rows are gathered on the host (section 7)
+    Tensor token_embd;         // (n_vocab, n_embd); rows are gathered on the host (section 9)
     Tensor output_norm;        // (n_embd) f32
     Tensor output;             // (n_vocab, n_embd); token_embd again when the output is tied
     Tensor output_bias;        // (n_vocab) f32, optional (qwen2)
@@ -3586,7 +3586,7 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h 
 }
 
 // ------------------------------------------------------------------------------------------------
-// 6b. Prefill kernels: a batch of prompt tokens through a layer at once
+// 8. Prefill kernels: a batch of prompt tokens through a layer at once
 // ------------------------------------------------------------------------------------------------
 // Decode reads every weight once per token and is bound by memory bandwidth. The T tokens of a
 // prompt batch can share those reads: each mat-vec becomes a matrix product
@@ -3605,11 +3605,11 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h 
 // so the largest value of a row is below 4096 whatever the model's activation range (fp16 overflows
 // at 65504), and the scaling itself is exact. The product's epilogue multiplies row t by s[t].
 //
-// Float weights (F32, F16, BF16 files: the exact references) are the exception: their products run
-// in fp32 on the CUDA cores from an fp32 copy of the rows (ActH.f), so a batched prompt keeps the
-// precision of the token-by-token path (with fp16 operands the quantized qwen35 fixtures' batched
-// prompts land at KL 1e-4 ... 6e-4 from their token-by-token run, README; the float files stay at
-// 1e-8 ... 1e-6).
+// Float weights (F32, F16, BF16 files: the exact references) are the exception: their products
+// run in fp32 on the CUDA cores from an fp32 copy of the rows (ActH.f), so that a batched prompt
+// keeps the precision of the token-by-token path. The fp16 operands of the quantized files cost
+// some exactness against the token-by-token path, which is why --dump-logits goes token by token
+// unless -b is given.
 
 typedef struct {
     __half *h; // (T, ld) X = x / s
@@ -3631,7 +3631,7 @@ __host__ __device__ static float row_scale(float amax) {
 //   w_load<TYPE>(W, row, u, g, n_in, NB) -> WRaw   the unit's bytes: 16 of quants, the scales
 //   w_decode<TYPE>(raw, out)                        32 fp16 weights
 // GGML_TYPE_F16 reads fp16 rows (the fp16 copy of a weight without planes: 64 bytes, unit u of
-// row `row`); the fast types read their planes (layout in section 6) at sub-block g, the plane
+// row `row`); the fast types read their planes (layout in 6.3) at sub-block g, the plane
 // index of (row, u): row * n_sub + u, or its step-order slot (plane_g).
 //
 // The decode works on pairs of fp16 (half2), with no int -> float conversion: a small integer c
@@ -3644,7 +3644,7 @@ __host__ __device__ static float row_scale(float amax) {
 //   Q6_K:   c = q (6 bits), w = (c - 32) * fp16(d * sc)
 // Q5_K stays in fp32 (the same trick under the exponent of 2^23, then w = q * d*sc - dmin*m in one
 // fma and one rounding to fp16): its min term is shared by the sub-block's 32 weights, and rounding
-// it to fp16 first measured 3x the KL of the fp32 decode on the small model (1.5e-3).
+// it to fp16 first multiplies the error (test/PERF_NOTES.md, "Design record").
 
 typedef struct { uint4 q, e, f, g; } WRaw; // q: quants (F16: all four are values), e: scales
 
@@ -3709,7 +3709,7 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_IQ4_XS>(const WRa
     __half2 dl = __float2half2_rn(h2f((uint16_t)r.e.x) * (float)(ls - 32)), off = __float2half2_rn(1024.0f + 128.0f);
     const int *qw = (const int *)&r.q;
 #pragma unroll
-    for (int k = 0; k < 4; k++) { // the table lookup in registers (iq4_lookup8, section 6): 4 + 4 int8
+    for (int k = 0; k < 4; k++) { // the table lookup in registers (iq4_lookup8, 6.4): 4 + 4 int8
         int lo, hi;
         iq4_lookup8(qw[k], &lo, &hi);
         put8(out, k, (uint32_t)lo ^ 0x80808080u, (uint32_t)hi ^ 0x80808080u, off, dl, dl); // int8 + 128
@@ -3834,7 +3834,7 @@ template <int TYPE>
 __global__ void __launch_bounds__(MM_THREADS, 2)
 matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n_out, n_in)
               size_t NB,         // sub-blocks in the planes
-              StepOrder so,      // the planes' order (section 6)
+              StepOrder so,      // the planes' order (6.3)
               ActH x,            // (T, x.ld) input rows
               float *y,          // (T, ldy) output
               float *part,       // (gridDim.x, 2, MM_TT, MM_TN) partial sums of cut tiles
@@ -4413,15 +4413,14 @@ __global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *tar
 }
 
 // ------------------------------------------------------------------------------------------------
-// 7. GPU forward: VRAM budget, device memory, weight upload (in step order), the per-token layer
-// loop, the batched prompt pass
+// 9. GPU forward: VRAM budget, device memory, weight upload, the token's layer loop, the prompt
 // ------------------------------------------------------------------------------------------------
-// All device memory is allocated once, before the first token: the weights in one allocation walked
-// by a pointer, the run state in another. Nothing is allocated in the token loop. The per-token work
-// (8 launches per layer) is captured once as a CUDA graph and replayed for every token; the
-// position lives in device memory so the same graph serves every position. A prompt goes through
-// forward_gpu_batch instead (end of this section): the same layers on up to -b rows at once, with
-// the kernels of section 6b, into the same KV cache and DeltaNet states.
+// All device memory is allocated once, before the first token: the weights in one allocation
+// walked by a pointer, the run state in another. Nothing is allocated in the token loop. The work
+// of a token (about 8 launches per layer) is captured once as a CUDA graph and replayed for every
+// token; the position lives in device memory, so the same graph serves every position. A prompt
+// goes through forward_gpu_batch instead (end of this section): the same layers on up to -b rows
+// at once, with the kernels of section 8, into the same KV cache and DeltaNet states.
 
 typedef struct {
     int n_ctx, n_split;    // attention splits per kv head: att_splits(n_ctx, head_dim)
@@ -4462,7 +4461,7 @@ typedef struct {
     int *h_pos;            // pinned host (1)
     float *h_logits;       // pinned host (n_vocab): logits on their way down
     cudaGraphExec_t graph; // the captured forward pass, or NULL before capture
-    // prefill (section 6b): a batch of up to n_batch prompt rows through each layer at once
+    // prefill (section 8): a batch of up to n_batch prompt rows through each layer at once
     int n_batch;           // -b; 0 when the model's shapes rule the batched path out
     int n_logit_rows;      // rows of logits one batched pass returns at most
     size_t batch_bytes;    // the buffers below
@@ -4720,18 +4719,14 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
             h.bpw, n_ctx, h.bpw_fit);
 }
 
-// The step order of the planes (section 6): for every streaming launch of a token, as matvec and
+// The step order of the planes (6.3): for every streaming launch of a token, as matvec and
 // matvec_batch will plan it, the order of its matrices' units, set before they are uploaded. A
-// launch's matrices are the ones forward_gpu_enqueue gives it (a change there must be made here too:
-// matvec_stream checks every launch's matrices against the order they were stored in).
-// step_order_set stores one launch's matrices in step order; step_order_group decides which launches
-// are: none with an IQ4_XS matrix. IQ4_XS's streaming loop is held by its arithmetic (the lookup),
-// not by where its reads fall, and the step order's slot arithmetic costs it more than the order
-// saves (27B IQ4_XS file, everything streamed in step order: 6.276 -> 6.305 ms; Q4_0 file 5.684 ->
-// 5.578; test/PERF_NOTES.md run 16). Measured again with the table words in registers (run 21):
-// every launch in step order 6.002 / 6.000 ms against 5.999 / 6.002 row by row (27B IQ4_XS, one
-// start); the all-IQ4_XS launches alone -1.3 / -1.1 / +0.4 % on the 27B / Qwen2.5-32B / Qwen3-32B
-// IQ4_XS files (one start, sm_90): within a start's spread. Row by row kept.
+// launch's matrices are the ones forward_gpu_enqueue gives it (a change there must be made here
+// too: matvec_stream checks every launch's matrices against the order they were stored in).
+// step_order_set stores one launch's matrices in step order; step_order_group decides which
+// launches are: none with an IQ4_XS matrix. IQ4_XS's streaming loop is held by its arithmetic (the
+// lookup), not by where its reads fall, and the order's slot arithmetic costs it as much as the
+// order saves (test/PERF_NOTES.md, "Design record").
 static void step_order_set(int n, Tensor *const *W) {
     MvPlan p;
     memset(&p, 0, sizeof p);
@@ -5115,7 +5110,7 @@ static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
 }
 
-// --- prefill: the batched pass (kernels in section 6b) -----------------------------------------------
+// --- prefill: the batched pass (kernels in section 8) -----------------------------------------------
 
 // Blocks of matmul_kernel<TYPE> resident on the whole GPU at once (the stream-K grid). The first call
 // also opts the kernels in to their 72 KB of shared memory (over 48 KB must be asked for).
@@ -5344,7 +5339,7 @@ static void batch_nll_gpu(const Model *m, GpuState *s, int r0, int nr, const int
 }
 
 // ------------------------------------------------------------------------------------------------
-// 8. Tokenizer (tokenizer.c) and sampler
+// 10. Tokenizer (tokenizer.c) and sampler
 // ------------------------------------------------------------------------------------------------
 
 #include "tokenizer.c"
@@ -5475,7 +5470,7 @@ static int sample(Sampler *s, const float *logits) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 9. Generation and the command line
+// 11. Generation and the command line
 // ------------------------------------------------------------------------------------------------
 
 // The forward pass on either device, behind one call.
@@ -5549,7 +5544,7 @@ static void gpu_prompt_batches(Engine *e, const int *tokens /* (n) */, int n, in
 // Feed tokens[0..n) at positions pos, pos+1, ...: a prompt. The logits after each token i >= first
 // (first <= n - 1) are handed to each(ctx, i, logits) in order when `each` is given; the logits after
 // the last token are returned, valid until the next call. On the GPU the tokens go through the model
-// in batches of up to -b rows (section 6b), else one at a time.
+// in batches of up to -b rows (section 8), else one at a time.
 typedef void (*LogitsFn)(void *ctx, int i, const float *logits);
 typedef struct { LogitsFn each; void *ctx; float *last; /* (n_vocab) */ } EvalRows;
 static void eval_rows(Engine *e, void *p, int i0, int r, int nr) {
