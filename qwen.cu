@@ -5738,23 +5738,6 @@ static void run_bench(Model *m, int n_ctx) {
     gpu_state_free(&s);
 }
 
-// One line from stdin (without its newline), or NULL at end of input. Shows `prompt` first when
-// stdin is a terminal.
-static char *read_line_stdin(const char *prompt) {
-    if (prompt) { fputs(prompt, stderr); fflush(stderr); }
-    size_t cap = 256, n = 0;
-    char *s = (char *)xmalloc(cap);
-    int ch;
-    while ((ch = getchar()) != EOF && ch != '\n') {
-        if (n + 1 == cap && !(s = (char *)realloc(s, cap *= 2))) die("out of host memory");
-        s[n++] = (char)ch;
-    }
-    if (ch == EOF && n == 0) { free(s); return NULL; }
-    s[n] = 0;
-    return s;
-}
-static const char *interactive_prompt(void) { return isatty(0) ? "\n> " : NULL; }
-
 // "15.5G" -> bytes (K, M, G, T: powers of 1024; "GiB" and "GB" spellings accepted as the same)
 static double parse_size(const char *arg) {
     char *end;
@@ -6175,13 +6158,22 @@ static void print_perplexity(const PplResult *r, int kld) {
 
 #ifndef TESTING
 
-// --dump-logits: every prompt position's logits as raw float32 rows
-typedef struct { FILE *f; const char *path; int n_vocab; } DumpCtx;
-static void dump_logits(void *ctx, int i, const float *logits) {
-    DumpCtx *d = (DumpCtx *)ctx;
-    (void)i;
-    if (fwrite(logits, sizeof(float), d->n_vocab, d->f) != (size_t)d->n_vocab) die("writing '%s' failed", d->path);
-}
+// --- the command line ----------------------------------------------------------------------------
+// llama.cpp's flag names where it has one. main reads the flags, opens the file, and hands over to
+// one of the modes below: tokenize, info, bench, perplexity (and KL divergence), generate, chat.
+
+typedef struct {
+    const char *model_path, *prompt, *prompt_file, *tokens_arg, *detok_arg;
+    const char *system_prompt, *dump_path, *kld_base_path;
+    size_t prompt_len;       // bytes of prompt (-f files may hold NUL bytes)
+    char *prompt_buf;        // the -f file's bytes, or NULL
+    int tokenize, chat, no_think, special, parse_special;
+    int ppl, kld, max_chunks, bench, info, use_cpu;
+    int n_predict, n_ctx, ctx_given, n_batch, batch_given;
+    float temp, top_p, min_p;
+    int top_k;
+    long long seed;
+} Args;
 
 static void usage(void) {
     fprintf(stderr,
@@ -6190,22 +6182,25 @@ static void usage(void) {
             "  -p TEXT           prompt text\n"
             "  -f FILE           prompt text read from FILE, byte for byte\n"
             "  --tokens 1,2,3    prompt as raw token ids\n"
-            "  --chat, -cnv      chat: the prompt (if any), then each line of stdin, becomes a user turn of Qwen's\n"
-            "                    ChatML; the KV cache is kept across turns\n"
+            "  --chat, -cnv      chat: the prompt (if any), then each line of stdin, becomes a user\n"
+            "                    turn of Qwen's ChatML; the KV cache is kept across turns\n"
             "  --system TEXT     the system turn of the chat\n"
-            "  --no-think        Qwen3/3.5 chat without the thinking phase (an empty <think></think> block)\n"
+            "  --no-think        Qwen3/3.5 chat without the thinking phase (an empty <think></think>)\n"
             "  --special         print control tokens such as <|im_end|>\n"
             "  --no-parse-special  treat special-token text in the prompt as plain text\n"
-            "  --perplexity      chunked perplexity of -f FILE (or -p TEXT, --tokens) with chunks of -c tokens (default 512)\n"
-            "  --kl-divergence-base FILE  write llama.cpp's KL-divergence base file (implies --perplexity)\n"
-            "  --kl-divergence   with --kl-divergence-base FILE: score against that file (its tokens are used)\n"
+            "  --perplexity      chunked perplexity of -f FILE (or -p TEXT, --tokens) with chunks of\n"
+            "                    -c tokens (default 512)\n"
+            "  --kl-divergence-base FILE  write llama.cpp's KL-divergence base file (implies\n"
+            "                    --perplexity)\n"
+            "  --kl-divergence   with --kl-divergence-base FILE: score against that file (its tokens)\n"
             "  --chunks N        at most N chunks (0 or below: all)\n"
-            "  --tokenize        print the prompt's token ids (comma-separated) and exit; needs no GPU\n"
+            "  --tokenize        print the prompt's token ids (comma-separated) and exit; no GPU needed\n"
             "  --detokenize IDS  print the text of ids such as 9707,1879 and exit\n"
             "  -n N              tokens to generate (default 256)\n"
-            "  -c N              context length: the KV cache is allocated for N tokens (default 4096, at most\n"
-            "                    the model's training context)\n"
-            "  -b N              prompt tokens per batched pass on the GPU (default 512; 1: one at a time)\n"
+            "  -c N              context length: the KV cache is allocated for N tokens (default\n"
+            "                    4096, at most the model's training context)\n"
+            "  -b N              prompt tokens per batched pass on the GPU (default 512; 1: one at a\n"
+            "                    time; with --dump-logits the default is 1)\n"
             "  --temp T          temperature, 0 or below = greedy (default 0.8)\n"
             "  --top-k K         keep the K most likely tokens, 0 or below = off (default 40)\n"
             "  --top-p P         nucleus sampling, 1 = off (default 0.95)\n"
@@ -6214,330 +6209,459 @@ static void usage(void) {
             "  --dump-logits F   write the logits of every prompt position to F: raw little-endian\n"
             "                    float32, [n_prompt_tokens][n_vocab], no header\n"
             "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
-            "  --bench           decode speed at context 128 and 2048 against the GPU's copy bandwidth, per-kernel\n"
-            "                    tables, mat-vec size sweeps and prefill (pp512)\n"
-            "  --info            print the file's metadata, tensors and the VRAM budget for -c, then exit\n"
+            "  --bench           decode speed at context 128 and 2048 against the GPU's copy\n"
+            "                    bandwidth, and prefill (pp512)\n"
+            "  --info            print the file's metadata, tensors and the VRAM budget for -c\n"
             "  --vram-limit SIZE behave as if the GPU had SIZE of memory (e.g. 15.5G: a 16 GB V100)\n"
-            "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on the GPU)\n"
+            "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on\n"
+            "                    the GPU)\n"
             "  -h, --help        this text\n");
+}
+
+static void parse_args(Args *a, int argc, char **argv) {
+    memset(a, 0, sizeof *a);
+    a->parse_special = 1;
+    a->n_predict = 256;
+    a->n_ctx = 4096;
+    a->n_batch = 512;
+    a->temp = 0.8f;
+    a->top_p = 0.95f;
+    a->min_p = 0.05f;
+    a->top_k = 40;
+    a->seed = -1;
+    int compat_note = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        int has = i + 1 < argc;
+#define IS(s) (!strcmp(o, s))
+#define NEXT() (has ? argv[++i] : (die("option %s needs a value", o), (char *)NULL))
+        if (IS("-m") || IS("--model")) a->model_path = NEXT();
+        else if (IS("-p") || IS("--prompt")) a->prompt = NEXT();
+        else if (IS("--tokens")) a->tokens_arg = NEXT();
+        else if (IS("-f") || IS("--file")) a->prompt_file = NEXT();
+        else if (IS("--tokenize")) a->tokenize = 1;
+        else if (IS("--detokenize")) a->detok_arg = NEXT();
+        else if (IS("--chat") || IS("-cnv") || IS("--conversation")) a->chat = 1;
+        else if (IS("--system") || IS("-sys")) a->system_prompt = NEXT();
+        else if (IS("--no-think")) a->no_think = 1;
+        else if (IS("--special")) a->special = 1;
+        else if (IS("--no-parse-special")) a->parse_special = 0;
+        else if (IS("-n") || IS("--n-predict")) a->n_predict = arg_int(o, NEXT());
+        else if (IS("-c") || IS("--ctx-size")) a->n_ctx = arg_int(o, NEXT()), a->ctx_given = 1;
+        else if (IS("--perplexity")) a->ppl = 1;
+        else if (IS("--kl-divergence")) a->kld = 1;
+        else if (IS("--kl-divergence-base")) a->kld_base_path = NEXT();
+        else if (IS("--chunks")) a->max_chunks = arg_int(o, NEXT());
+        else if (IS("-b") || IS("--batch-size")) a->n_batch = arg_int(o, NEXT()), a->batch_given = 1;
+        else if (IS("--temp")) a->temp = arg_float(o, NEXT());
+        else if (IS("--top-k")) a->top_k = arg_int(o, NEXT());
+        else if (IS("--top-p")) a->top_p = arg_float(o, NEXT());
+        else if (IS("--min-p")) a->min_p = arg_float(o, NEXT());
+        else if (IS("--seed") || IS("-s")) a->seed = arg_i64(o, NEXT());
+        else if (IS("--dump-logits")) a->dump_path = NEXT();
+        else if (IS("--cpu")) a->use_cpu = 1;
+        else if (IS("--bench")) a->bench = 1;
+        else if (IS("--info")) a->info = 1;
+        else if (IS("--vram-limit")) {
+            const char *v = NEXT();
+            if ((g_vram_limit = parse_size(v)) <= 0)
+                die("--vram-limit '%s': expected a size such as 15.5G or 900M", v);
+        } else if (IS("-ngl") || IS("--n-gpu-layers") || IS("-t") || IS("--threads")) {
+            (void)NEXT();
+            compat_note = 1;
+        } else if (IS("-h") || IS("--help")) {
+            usage();
+            exit(0);
+        } else {
+            usage();
+            die("unknown option '%s'", o);
+        }
+#undef NEXT
+#undef IS
+    }
+    if (!a->model_path) {
+        usage();
+        die("no model given (-m FILE)");
+    }
+    if (compat_note)
+        fprintf(stderr, "note: -ngl/-t are accepted for compatibility; qwen.cu always runs the "
+                        "whole model on the GPU\n");
+    if ((a->prompt != NULL) + (a->prompt_file != NULL) + (a->tokens_arg != NULL) > 1)
+        die("give the prompt one way: -p TEXT, -f FILE or --tokens IDS");
+    if (a->chat && a->tokens_arg) die("--chat builds its prompt from text: use -p or -f, not --tokens");
+    if (a->n_ctx <= 0) die("-c %d: the context length must be positive", a->n_ctx);
+    if (a->n_batch <= 0) die("-b %d: the batch size must be positive", a->n_batch);
+    if (a->n_predict < 0) die("-n %d: must be >= 0", a->n_predict);
+    if (a->top_p <= 0.0f || a->top_p > 1.0f) die("--top-p %g: must be in (0, 1]", a->top_p);
+    if (a->min_p < 0.0f || a->min_p > 1.0f) // above 1 it would drop every token
+        die("--min-p %g: must be in [0, 1]", a->min_p);
+    // as in llama.cpp: --temp <= 0 is greedy, --top-k <= 0 is off, --chunks <= 0 (e.g. -1) is all
+    if (a->seed < 0) a->seed = (long long)time(NULL);
+    // --dump-logits is what other engines are diffed against: by default it takes the most exact
+    // path, token by token through the decode graph (the batched prompt's products are fp16)
+    if (a->dump_path && !a->batch_given) a->n_batch = 1;
+    g_n_batch = a->n_batch;
+    a->prompt_len = a->prompt ? strlen(a->prompt) : 0;
+    if (a->prompt_file) { // byte for byte
+        FILE *pf = fopen(a->prompt_file, "rb");
+        if (!pf) die("cannot open prompt file '%s': %s", a->prompt_file, strerror(errno));
+        size_t cap = 1 << 16, n = 0;
+        char *buf = (char *)xmalloc(cap);
+        for (size_t got; (got = fread(buf + n, 1, cap - n - 1, pf)) > 0;) {
+            n += got;
+            if (n + 1 == cap && !(buf = (char *)realloc(buf, cap *= 2))) die("out of host memory");
+        }
+        if (ferror(pf)) die("reading '%s' failed", a->prompt_file);
+        fclose(pf);
+        buf[n] = 0;
+        a->prompt = a->prompt_buf = buf;
+        a->prompt_len = n;
+    }
+}
+
+// --- the modes -----------------------------------------------------------------------------------
+
+// --tokenize / --detokenize: the vocabulary alone (vocabulary-only files and no GPU are fine).
+static int mode_tokenize(const Args *a, const Tokenizer *tok, double t_load) {
+    if (a->detok_arg) {
+        int *ids, n = parse_ids(a->detok_arg, &ids);
+        for (int i = 0; i < n; i++)
+            if (ids[i] >= tok->n_vocab)
+                die("--detokenize: id %d is outside the vocabulary (0..%d)", ids[i],
+                    tok->n_vocab - 1);
+        size_t len;
+        char *text = tokenizer_decode(tok, ids, n, 1, &len);
+        fwrite(text, 1, len, stdout);
+        printf("\n");
+        free(text);
+        free(ids);
+        return 0;
+    }
+    if (!a->prompt) die("--tokenize needs the text: -p TEXT or -f FILE");
+    int *ids;
+    double t0 = now_sec();
+    int n = tokenizer_encode(tok, a->prompt, a->prompt_len, a->parse_special, &ids);
+    double dt = now_sec() - t0;
+    for (int i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+    printf("\n");
+    fprintf(stderr, "vocabulary: %d tokens loaded (file parsed, tokenizer built) in %.1f ms; "
+            "tokenized %zu bytes into %d tokens in %.1f ms (%.2f MB/s)\n", tok->n_vocab,
+            t_load * 1e3, a->prompt_len, n, dt * 1e3, a->prompt_len / 1e6 / (dt + 1e-12));
+    free(ids);
+    return 0;
+}
+
+// --perplexity, --kl-divergence-base FILE (write a base file), --kl-divergence (score against one).
+static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const char *tok_err) {
+    const Config *c = &m->c;
+    int n_ctx = a->ctx_given ? a->n_ctx : 512, *ptoks = NULL, n_tok = 0, n_chunk;
+    if (n_ctx < 4) die("-c %d: perplexity chunks need at least 4 tokens", n_ctx);
+    KldBase base;
+    memset(&base, 0, sizeof base);
+    if (a->kld) {
+        char err[600];
+        if (kld_base_read(&base, a->kld_base_path, c->n_vocab, err, sizeof err) != 0)
+            die("%s", err);
+        if (a->ctx_given && (uint32_t)n_ctx != base.n_ctx)
+            die("-c %d differs from the %u tokens per chunk of '%s': leave -c out to use the "
+                "file's", n_ctx, base.n_ctx, a->kld_base_path);
+        n_ctx = (int)base.n_ctx;
+        n_chunk = base.n_chunk;
+        ptoks = (int *)xmalloc((size_t)n_chunk * n_ctx * sizeof(int));
+        for (size_t i = 0; i < (size_t)n_chunk * n_ctx; i++) ptoks[i] = base.tokens[i];
+    } else {
+        if (a->tokens_arg) {
+            n_tok = parse_ids(a->tokens_arg, &ptoks);
+        } else if (a->prompt) {
+            if (!tok) die("%s: %s (pass the text as ids with --tokens)", a->model_path, tok_err);
+            n_tok = tokenizer_encode(tok, a->prompt, a->prompt_len, 0, &ptoks);
+        } else {
+            die("--perplexity needs text: -f FILE (or -p TEXT, or --tokens IDS)");
+        }
+        n_chunk = n_tok / n_ctx;
+        if (n_chunk == 0)
+            die("--perplexity: the text has %d tokens, fewer than one chunk of -c %d", n_tok,
+                n_ctx);
+        for (int i = 0; i < n_chunk * n_ctx; i++)
+            if (ptoks[i] < 0 || ptoks[i] >= c->n_vocab)
+                die("token %d (id %d) is outside the vocabulary", i, ptoks[i]);
+    }
+    if (a->max_chunks > 0 && n_chunk > a->max_chunks) n_chunk = a->max_chunks;
+    if (n_ctx > c->n_ctx_train) die("-c %d is above the model's training context %d", n_ctx, c->n_ctx_train);
+    if (!a->use_cpu && !gpu_available())
+        die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
+    fprintf(stderr, "perplexity: %d chunks of %d tokens%s\n", n_chunk, n_ctx,
+            a->kld ? ", scored against the base file" : "");
+    FILE *out = NULL;
+    if (a->kld_base_path && !a->kld) {
+        if (!(out = fopen(a->kld_base_path, "wb")))
+            die("cannot write '%s': %s", a->kld_base_path, strerror(errno));
+        kld_base_write_header(out, (uint32_t)n_ctx, c->n_vocab, n_chunk, ptoks);
+    }
+    Engine e;
+    engine_init(&e, m, !a->use_cpu, n_ctx);
+    PplResult r = perplexity(&e, ptoks, n_chunk, n_ctx, out, a->kld ? &base : NULL, 1);
+    if (out && fclose(out) != 0) die("writing '%s' failed", a->kld_base_path);
+    print_perplexity(&r, a->kld);
+    engine_free(&e);
+    free(ptoks);
+    free(base.data);
+    return 0;
+}
+
+// --- generate and chat ---
+// A prompt (or a chat turn) goes through the model at once; then tokens are sampled, printed and
+// fed back one at a time until an end-of-generation token, -n tokens or a full context.
+typedef struct {
+    Engine e;
+    Sampler smp;
+    const Tokenizer *tok; // NULL when the file has no vocabulary: tokens are printed as ids
+    Stream out;           // the UTF-8 printer (tokenizer.c)
+    int special, n_predict, n_ctx, pos;
+    int n_prompt, n_eval;
+    double t_prompt, t_gen, bytes;
+} Gen;
+
+// --dump-logits: every prompt position's logits, as raw float32 rows
+typedef struct {
+    FILE *f;
+    const char *path;
+    int n_vocab;
+} DumpCtx;
+static void dump_logits(void *ctx, int i, const float *logits) {
+    DumpCtx *d = (DumpCtx *)ctx;
+    (void)i;
+    if (fwrite(logits, sizeof(float), d->n_vocab, d->f) != (size_t)d->n_vocab)
+        die("writing '%s' failed", d->path);
+}
+
+// Feed ids[0..n) at g->pos; with dump, every position's logits go to it. The logits after the last.
+static float *gen_feed(Gen *g, const int *ids, int n, DumpCtx *dump) {
+    double t0 = now_sec();
+    float *logits = engine_eval(&g->e, ids, n, g->pos, dump ? 0 : n - 1,
+                                dump ? dump_logits : NULL, dump);
+    g->pos += n;
+    g->t_prompt += now_sec() - t0;
+    g->n_prompt += n;
+    return logits;
+}
+
+static void gen_print(Gen *g, int id) {
+    if (g->tok) stream_token(&g->out, g->tok, id, g->special);
+    else printf("%d ", id);
+}
+
+// The answer to what was fed: sample from logits, print, feed back.
+static void gen_answer(Gen *g, float *logits) {
+    const Config *c = &g->e.m->c;
+    for (int n_gen = 0; n_gen < g->n_predict;) {
+        int next = sample(&g->smp, logits);
+        if (next < 0)
+            die("the logits at position %d are not finite (NaN or infinity): the model's weights "
+                "hold such values, or its activations overflowed", g->pos - 1);
+        n_gen++;
+        int eog = g->tok && tokenizer_is_eog(g->tok, next);
+        if (!eog || g->special) gen_print(g, next);
+        fflush(stdout);
+        if (eog || n_gen == g->n_predict) break;
+        if (g->pos >= g->n_ctx) {
+            fprintf(stderr, "\n[context full: %d tokens]\n", g->pos);
+            break;
+        }
+        double t1 = now_sec();
+        logits = engine_forward(&g->e, next, g->pos);
+        g->t_gen += now_sec() - t1;
+        if (g->e.use_gpu) g->bytes += bytes_per_token(c, &g->e.gpu, g->pos + 1);
+        g->pos++;
+        g->n_eval++;
+    }
+    stream_flush(&g->out);
+    printf("\n");
+}
+
+static void gen_init(Gen *g, const Args *a, Model *m, const Tokenizer *tok) {
+    memset(g, 0, sizeof *g);
+    if (!a->use_cpu && !gpu_available())
+        die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
+    engine_init(&g->e, m, !a->use_cpu, a->n_ctx);
+    sampler_init(&g->smp, m->c.n_vocab, a->temp, a->top_k, a->top_p, a->min_p,
+                 (uint64_t)a->seed);
+    fprintf(stderr, "sampling: temp %.2f, top-k %d, top-p %.2f, min-p %.2f, seed %lld\n", a->temp,
+            a->top_k, a->top_p, a->min_p, a->seed);
+    g->tok = tok;
+    g->out.f = stdout;
+    g->special = a->special;
+    g->n_predict = a->n_predict;
+    g->n_ctx = a->n_ctx;
+}
+
+// The timing lines of every run: prompt and decode speed, the decode's bytes per second, and
+// what the card holds.
+static void gen_finish(Gen *g) {
+    fprintf(stderr, "\nprompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens "
+            "per second)\n", g->t_prompt * 1e3, g->n_prompt, g->t_prompt * 1e3 / g->n_prompt,
+            g->n_prompt / g->t_prompt);
+    if (g->n_eval > 0) {
+        fprintf(stderr, "       eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f "
+                "tokens per second)\n", g->t_gen * 1e3, g->n_eval, g->t_gen * 1e3 / g->n_eval,
+                g->n_eval / g->t_gen);
+        if (g->e.use_gpu)
+            fprintf(stderr, "decode bandwidth = %.1f GB/s (%.1f MB read per token)\n",
+                    g->bytes / g->t_gen / 1e9, g->bytes / g->n_eval / 1e6);
+    }
+    if (g->e.use_gpu) {
+        size_t fr, tot;
+        CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+        double peak = (double)g->e.gpu.peak_used;
+        fprintf(stderr, "device memory in use on the card (cudaMemGetInfo): %.3f GiB at the end of "
+                "the load (the peak), %.3f GiB now%s\n", peak / 1073741824.0,
+                (tot - fr) / 1073741824.0, g_vram_limit <= 0 ? ""
+                : peak <= g_vram_limit ? ", within --vram-limit" : ", OVER --vram-limit");
+    }
+    engine_free(&g->e);
+    free(g->smp.cand);
+}
+
+// Generation from a prompt: the prompt is echoed, then the answer; --dump-logits writes every
+// prompt position's logits first.
+static int mode_generate(const Args *a, Model *m, const Tokenizer *tok) {
+    int *ids = NULL, n = 0;
+    if (a->tokens_arg) n = parse_ids(a->tokens_arg, &ids);
+    else if (a->prompt) n = tokenizer_encode(tok, a->prompt, a->prompt_len, a->parse_special, &ids);
+    if (n == 0) die("empty prompt: give -p TEXT, -f FILE, --tokens IDS or --chat");
+    check_tokens(&m->c, ids, n, "prompt token");
+    if (n > a->n_ctx)
+        die("the prompt has %d tokens but the context is %d: raise -c", n, a->n_ctx);
+    Gen g;
+    gen_init(&g, a, m, tok);
+    DumpCtx dump = {NULL, a->dump_path, m->c.n_vocab};
+    if (a->dump_path && !(dump.f = fopen(a->dump_path, "wb")))
+        die("cannot write '%s': %s", a->dump_path, strerror(errno));
+    float *logits = gen_feed(&g, ids, n, a->dump_path ? &dump : NULL);
+    if (dump.f && fclose(dump.f) != 0) die("writing '%s' failed", a->dump_path);
+    for (int i = 0; i < n; i++) gen_print(&g, ids[i]);
+    fflush(stdout);
+    gen_answer(&g, logits);
+    gen_finish(&g);
+    free(ids);
+    return 0;
+}
+
+// One line from stdin (without its newline), or NULL at end of input. Shows `prompt` first when
+// stdin is a terminal.
+static char *read_line_stdin(const char *prompt) {
+    if (prompt) {
+        fputs(prompt, stderr);
+        fflush(stderr);
+    }
+    size_t cap = 256, n = 0;
+    char *s = (char *)xmalloc(cap);
+    int ch;
+    while ((ch = getchar()) != EOF && ch != '\n') {
+        if (n + 1 == cap && !(s = (char *)realloc(s, cap *= 2))) die("out of host memory");
+        s[n++] = (char)ch;
+    }
+    if (ch == EOF && n == 0) {
+        free(s);
+        return NULL;
+    }
+    s[n] = 0;
+    return s;
+}
+
+// Chat: the prompt (if any), then each line of stdin, is a user turn of Qwen's ChatML; the KV
+// cache is kept across turns, and each turn closes the last answer with <|im_end|>.
+static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
+    const char *ask = isatty(0) ? "\n> " : NULL;
+    char *line = a->prompt ? NULL : read_line_stdin(ask);
+    if (!a->prompt && !line) return 0;
+    char *turn = chat_turn(tok, a->system_prompt, a->prompt ? a->prompt : line, 1, a->no_think);
+    int *ids, n = tokenizer_encode(tok, turn, strlen(turn), 1, &ids);
+    free(turn);
+    free(line);
+    if (n > a->n_ctx)
+        die("the prompt has %d tokens but the context is %d: raise -c", n, a->n_ctx);
+    Gen g;
+    gen_init(&g, a, m, tok);
+    for (;;) {
+        if (g.pos + n > a->n_ctx) {
+            fprintf(stderr, "\nerror: the context is full (%d of %d tokens); restart with a "
+                    "larger -c\n", g.pos, a->n_ctx);
+            break;
+        }
+        gen_answer(&g, gen_feed(&g, ids, n, NULL));
+        free(ids);
+        ids = NULL;
+        if (!(line = read_line_stdin(ask))) break;
+        // the next turn closes this answer with <|im_end|>, then the user's line
+        turn = chat_turn(tok, NULL, line, 0, a->no_think);
+        int *tids, nt = tokenizer_encode(tok, turn, strlen(turn), 1, &tids);
+        ids = (int *)xmalloc((size_t)(nt + 1) * sizeof(int));
+        ids[0] = tok->im_end_id >= 0 ? tok->im_end_id : tok->eos_id;
+        memcpy(ids + 1, tids, (size_t)nt * sizeof(int));
+        n = nt + 1;
+        free(tids);
+        free(turn);
+        free(line);
+    }
+    free(ids);
+    gen_finish(&g);
+    return 0;
 }
 
 int main(int argc, char **argv) {
     // Load every kernel when the CUDA context is created, so that the context's memory, which the
     // VRAM budget measures, already includes them (the default loads them lazily, later).
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
-    const char *model_path = NULL, *prompt = NULL, *tokens_arg = NULL, *dump_path = NULL, *prompt_file = NULL;
-    const char *detok_arg = NULL, *system_prompt = NULL;
-    int tokenize = 0, chat = 0, no_think = 0, special = 0, parse_special = 1;
-    int ppl = 0, kld = 0, ctx_given = 0, max_chunks = 0;
-    const char *kld_base_path = NULL;
-    int n_predict = 256, n_ctx = 4096, n_batch = 512, use_cpu = 0, compat_note = 0, bench = 0, info = 0;
-    float temp = 0.8f, top_p = 0.95f, min_p = 0.05f;
-    int top_k = 40;
-    long long seed = -1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int has = i + 1 < argc;
-#define NEXT() (has ? argv[++i] : (die("option %s needs a value", a), (char *)NULL))
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = NEXT();
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = NEXT();
-        else if (!strcmp(a, "--tokens")) tokens_arg = NEXT();
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) prompt_file = NEXT();
-        else if (!strcmp(a, "--tokenize")) tokenize = 1;
-        else if (!strcmp(a, "--detokenize")) detok_arg = NEXT();
-        else if (!strcmp(a, "--chat") || !strcmp(a, "-cnv") || !strcmp(a, "--conversation")) chat = 1;
-        else if (!strcmp(a, "--system") || !strcmp(a, "-sys")) system_prompt = NEXT();
-        else if (!strcmp(a, "--no-think")) no_think = 1;
-        else if (!strcmp(a, "--special")) special = 1;
-        else if (!strcmp(a, "--no-parse-special")) parse_special = 0;
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) n_predict = arg_int(a, NEXT());
-        else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) { n_ctx = arg_int(a, NEXT()); ctx_given = 1; }
-        else if (!strcmp(a, "--perplexity")) ppl = 1;
-        else if (!strcmp(a, "--kl-divergence")) kld = 1;
-        else if (!strcmp(a, "--kl-divergence-base")) kld_base_path = NEXT();
-        else if (!strcmp(a, "--chunks")) max_chunks = arg_int(a, NEXT());
-        else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) n_batch = arg_int(a, NEXT());
-        else if (!strcmp(a, "--temp")) temp = arg_float(a, NEXT());
-        else if (!strcmp(a, "--top-k")) top_k = arg_int(a, NEXT());
-        else if (!strcmp(a, "--top-p")) top_p = arg_float(a, NEXT());
-        else if (!strcmp(a, "--min-p")) min_p = arg_float(a, NEXT());
-        else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) seed = arg_i64(a, NEXT());
-        else if (!strcmp(a, "--dump-logits")) dump_path = NEXT();
-        else if (!strcmp(a, "--cpu")) use_cpu = 1;
-        else if (!strcmp(a, "--bench")) bench = 1;
-        else if (!strcmp(a, "--info")) info = 1;
-        else if (!strcmp(a, "--vram-limit")) {
-            const char *v = NEXT();
-            if ((g_vram_limit = parse_size(v)) <= 0) die("--vram-limit '%s': expected a size such as 15.5G or 900M", v);
-        }
-        else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "-t") || !strcmp(a, "--threads")) {
-            (void)NEXT();
-            compat_note = 1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
-        else { usage(); die("unknown option '%s'", a); }
-#undef NEXT
-    }
-    if (!model_path) { usage(); die("no model given (-m FILE)"); }
-    if (compat_note) fprintf(stderr, "note: -ngl/-t are accepted for compatibility; qwen.cu always runs the whole model on the GPU\n");
-    if ((prompt != NULL) + (prompt_file != NULL) + (tokens_arg != NULL) > 1)
-        die("give the prompt one way: -p TEXT, -f FILE or --tokens IDS");
-    if (chat && tokens_arg) die("--chat builds its prompt from text: use -p or -f, not --tokens");
-    if (n_ctx <= 0) die("-c %d: the context length must be positive", n_ctx);
-    if (n_batch <= 0) die("-b %d: the batch size must be positive", n_batch);
-    g_n_batch = n_batch;
-    if (n_predict < 0) die("-n %d: must be >= 0", n_predict);
-    if (top_p <= 0.0f || top_p > 1.0f) die("--top-p %g: must be in (0, 1]", top_p);
-    if (min_p < 0.0f || min_p > 1.0f) die("--min-p %g: must be in [0, 1]", min_p); // above 1 it would drop every token
-    // as in llama.cpp: --temp <= 0 is greedy, --top-k <= 0 is off, --chunks <= 0 (e.g. -1) is all
-    if (seed < 0) seed = (long long)time(NULL);
-
-    // the prompt text, from -p or byte for byte from -f
-    size_t prompt_len = prompt ? strlen(prompt) : 0;
-    char *prompt_buf = NULL;
-    if (prompt_file) {
-        FILE *pf = fopen(prompt_file, "rb");
-        if (!pf) die("cannot open prompt file '%s': %s", prompt_file, strerror(errno));
-        size_t cap = 1 << 16;
-        prompt_buf = (char *)xmalloc(cap);
-        for (size_t got; (got = fread(prompt_buf + prompt_len, 1, cap - prompt_len - 1, pf)) > 0;) {
-            prompt_len += got;
-            if (prompt_len + 1 == cap && !(prompt_buf = (char *)realloc(prompt_buf, cap *= 2))) die("out of host memory");
-        }
-        if (ferror(pf)) die("reading '%s' failed", prompt_file);
-        fclose(pf);
-        prompt_buf[prompt_len] = 0;
-        prompt = prompt_buf;
-    }
-
+    Args a;
+    parse_args(&a, argc, argv);
     Model m;
     memset(&m, 0, sizeof m);
     double t_tok = now_sec(); // vocabulary load time: parsing the file + building the tokenizer
-    if (gguf_open(&m.gguf, model_path) != 0) die("%s", m.gguf.err);
+    if (gguf_open(&m.gguf, a.model_path) != 0) die("%s", m.gguf.err);
     Tokenizer tok;
     char tok_err[300];
     int have_tok = tokenizer_init(&tok, &m.gguf, 0, tok_err, sizeof tok_err) == 0;
     t_tok = now_sec() - t_tok;
-
-    // --tokenize / --detokenize: the vocabulary alone (vocabulary-only files and no GPU are fine)
-    if (tokenize || detok_arg) {
-        if (!have_tok) die("%s: %s", model_path, tok_err);
-        if (detok_arg) {
-            int *dids, nd = parse_ids(detok_arg, &dids);
-            for (int i = 0; i < nd; i++)
-                if (dids[i] >= tok.n_vocab) die("--detokenize: id %d is outside the vocabulary (0..%d)", dids[i], tok.n_vocab - 1);
-            size_t len;
-            char *text = tokenizer_decode(&tok, dids, nd, 1, &len);
-            fwrite(text, 1, len, stdout);
-            printf("\n");
-            free(text);
-            free(dids);
+    int rc;
+    if (a.tokenize || a.detok_arg) {
+        if (!have_tok) die("%s: %s", a.model_path, tok_err);
+        rc = mode_tokenize(&a, &tok, t_tok);
+    } else {
+        model_load(&m);
+        const Config *c = &m.c;
+        if (a.n_ctx > c->n_ctx_train) {
+            fprintf(stderr, "note: -c %d is above the model's training context %d; using %d\n",
+                    a.n_ctx, c->n_ctx_train, c->n_ctx_train);
+            a.n_ctx = c->n_ctx_train;
+        }
+        fprintf(stderr, "model: %s, %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d\n",
+                c->arch_name, c->n_layer, c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff,
+                c->n_vocab);
+        if (a.kld && !a.kld_base_path) die("--kl-divergence needs --kl-divergence-base FILE");
+        if (a.kld_base_path) a.ppl = 1;
+        if (!have_tok && (a.prompt || a.chat) && !a.info && !a.bench && !a.ppl)
+            die("%s: %s (pass the prompt as ids with --tokens)", a.model_path, tok_err);
+        if (!have_tok && !a.info && !a.bench && !a.ppl)
+            fprintf(stderr, "note: %s; the output is printed as token ids\n", tok_err);
+        if (a.info) {
+            print_info(&m, a.n_ctx);
+            rc = 0;
+        } else if (a.bench) {
+            if (!gpu_available()) die("--bench needs a CUDA GPU");
+            run_bench(&m, a.n_ctx);
+            rc = 0;
+        } else if (a.ppl) {
+            rc = mode_perplexity(&a, &m, have_tok ? &tok : NULL, tok_err);
+        } else if (a.chat) {
+            rc = mode_chat(&a, &m, &tok);
         } else {
-            if (!prompt) die("--tokenize needs the text: -p TEXT or -f FILE");
-            int *tids;
-            double t0 = now_sec();
-            int nt = tokenizer_encode(&tok, prompt, prompt_len, parse_special, &tids);
-            double dt = now_sec() - t0;
-            for (int i = 0; i < nt; i++) printf(i ? ",%d" : "%d", tids[i]);
-            printf("\n");
-            fprintf(stderr, "vocabulary: %d tokens loaded (file parsed, tokenizer built) in %.1f ms; tokenized %zu bytes into %d tokens in %.1f ms "
-                    "(%.2f MB/s)\n", tok.n_vocab, t_tok * 1e3, prompt_len, nt, dt * 1e3, prompt_len / 1e6 / (dt + 1e-12));
-            free(tids);
+            rc = mode_generate(&a, &m, have_tok ? &tok : NULL);
         }
-        tokenizer_free(&tok);
-        gguf_close(&m.gguf);
-        free(prompt_buf);
-        return 0;
     }
-
-    model_load(&m);
-    const Config *c = &m.c;
-    if (n_ctx > c->n_ctx_train) {
-        fprintf(stderr, "note: -c %d is above the model's training context %d; using %d\n", n_ctx, c->n_ctx_train, c->n_ctx_train);
-        n_ctx = c->n_ctx_train;
-    }
-    fprintf(stderr, "model: %s, %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d\n", c->arch_name, c->n_layer,
-            c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff, c->n_vocab);
-
-    if (info) {
-        print_info(&m, n_ctx);
-        gguf_close(&m.gguf);
-        return 0;
-    }
-    if (bench) {
-        if (!gpu_available()) die("--bench needs a CUDA GPU");
-        run_bench(&m, n_ctx);
-        gguf_close(&m.gguf);
-        return 0;
-    }
-    if (kld && !kld_base_path) die("--kl-divergence needs --kl-divergence-base FILE");
-    if ((kld || kld_base_path) && !ppl) ppl = 1;
-    if (ppl) { // perplexity, optionally writing or scoring a KL-divergence base file
-        if (!ctx_given) n_ctx = 512;
-        if (n_ctx < 4) die("-c %d: perplexity chunks need at least 4 tokens", n_ctx);
-        int *ptoks = NULL, n_tok = 0, n_chunk;
-        KldBase base;
-        memset(&base, 0, sizeof base);
-        if (kld) {
-            char err[600];
-            if (kld_base_read(&base, kld_base_path, c->n_vocab, err, sizeof err) != 0) die("%s", err);
-            if (ctx_given && (uint32_t)n_ctx != base.n_ctx)
-                die("-c %d differs from the %u tokens per chunk of '%s': leave -c out to use the file's", n_ctx, base.n_ctx,
-                    kld_base_path);
-            n_ctx = (int)base.n_ctx;
-            n_chunk = base.n_chunk;
-            ptoks = (int *)xmalloc((size_t)n_chunk * n_ctx * sizeof(int));
-            for (size_t i = 0; i < (size_t)n_chunk * n_ctx; i++) ptoks[i] = base.tokens[i];
-        } else {
-            if (tokens_arg) n_tok = parse_ids(tokens_arg, &ptoks);
-            else if (prompt) {
-                if (!have_tok) die("%s: %s (pass the text as ids with --tokens)", model_path, tok_err);
-                n_tok = tokenizer_encode(&tok, prompt, prompt_len, 0, &ptoks);
-            } else die("--perplexity needs text: -f FILE (or -p TEXT, or --tokens IDS)");
-            n_chunk = n_tok / n_ctx;
-            if (n_chunk == 0) die("--perplexity: the text has %d tokens, fewer than one chunk of -c %d", n_tok, n_ctx);
-            for (int i = 0; i < n_chunk * n_ctx; i++)
-                if (ptoks[i] < 0 || ptoks[i] >= c->n_vocab) die("token %d (id %d) is outside the vocabulary", i, ptoks[i]);
-        }
-        if (max_chunks > 0 && n_chunk > max_chunks) n_chunk = max_chunks;
-        if (n_ctx > c->n_ctx_train) die("-c %d is above the model's training context %d", n_ctx, c->n_ctx_train);
-        int use_gpu = !use_cpu;
-        if (use_gpu && !gpu_available()) die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
-        fprintf(stderr, "perplexity: %d chunks of %d tokens%s\n", n_chunk, n_ctx, kld ? ", scored against the base file" : "");
-        FILE *out = NULL;
-        if (kld_base_path && !kld) {
-            if (!(out = fopen(kld_base_path, "wb"))) die("cannot write '%s': %s", kld_base_path, strerror(errno));
-            kld_base_write_header(out, (uint32_t)n_ctx, c->n_vocab, n_chunk, ptoks);
-        }
-        Engine e;
-        engine_init(&e, &m, use_gpu, n_ctx);
-        PplResult r = perplexity(&e, ptoks, n_chunk, n_ctx, out, kld ? &base : NULL, 1);
-        if (out && fclose(out) != 0) die("writing '%s' failed", kld_base_path);
-        print_perplexity(&r, kld);
-        engine_free(&e);
-        free(ptoks);
-        free(base.data);
-        if (have_tok) tokenizer_free(&tok);
-        free(prompt_buf);
-        gguf_close(&m.gguf);
-        return 0;
-    }
-    if (!have_tok && (prompt || chat)) die("%s: %s (pass the prompt as ids with --tokens)", model_path, tok_err);
-    if (!have_tok) fprintf(stderr, "note: %s; the output is printed as token ids\n", tok_err);
-
-    // the first prompt
-    int *ids = NULL, n_prompt = 0;
-    if (tokens_arg) n_prompt = parse_ids(tokens_arg, &ids);
-    else if (chat) {
-        char *line = prompt ? NULL : read_line_stdin(interactive_prompt());
-        if (!prompt && !line) return 0;
-        char *turn = chat_turn(&tok, system_prompt, prompt ? prompt : line, 1, no_think);
-        n_prompt = tokenizer_encode(&tok, turn, strlen(turn), 1, &ids);
-        free(turn);
-        free(line);
-    } else if (prompt) n_prompt = tokenizer_encode(&tok, prompt, prompt_len, parse_special, &ids);
-    if (n_prompt == 0) die("empty prompt: give -p TEXT, -f FILE, --tokens IDS or --chat");
-    for (int i = 0; i < n_prompt; i++)
-        if (ids[i] < 0 || ids[i] >= c->n_vocab) die("prompt token %d (id %d) is outside the vocabulary (0..%d)", i, ids[i], c->n_vocab - 1);
-    if (n_prompt > n_ctx) die("the prompt has %d tokens but the context is %d: raise -c", n_prompt, n_ctx);
-
-    int use_gpu = !use_cpu;
-    if (use_gpu && !gpu_available()) die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
-    Engine e;
-    engine_init(&e, &m, use_gpu, n_ctx);
-    Sampler smp;
-    sampler_init(&smp, c->n_vocab, temp, top_k, top_p, min_p, (uint64_t)seed);
-    fprintf(stderr, "sampling: temp %.2f, top-k %d, top-p %.2f, min-p %.2f, seed %lld\n", temp, top_k, top_p, min_p, seed);
-
-    FILE *dump = NULL;
-    if (dump_path && !(dump = fopen(dump_path, "wb"))) die("cannot write '%s': %s", dump_path, strerror(errno));
-    Stream out = {{0}, 0, stdout};
-    int pos = 0, n_prompt_total = 0, n_eval = 0;
-    double t_prompt = 0.0, t_gen = 0.0, bytes = 0.0;
-    for (;;) { // one turn: feed the prompt, then sample until end of generation or -n
-        if (pos + n_prompt > n_ctx) {
-            fprintf(stderr, "\nerror: the context is full (%d of %d tokens); restart with a larger -c\n", pos, n_ctx);
-            break;
-        }
-        double t0 = now_sec();
-        DumpCtx dc = {dump, dump_path, c->n_vocab};
-        float *logits = engine_eval(&e, ids, n_prompt, pos, dump ? 0 : n_prompt - 1, dump ? dump_logits : NULL, &dc);
-        pos += n_prompt;
-        t_prompt += now_sec() - t0;
-        n_prompt_total += n_prompt;
-        if (dump) {
-            if (fclose(dump) != 0) die("writing '%s' failed", dump_path);
-            dump = NULL;
-        }
-        if (!chat) {
-            for (int i = 0; i < n_prompt; i++) have_tok ? stream_token(&out, &tok, ids[i], special) : (void)printf("%d ", ids[i]);
-            fflush(stdout);
-        }
-        int n_gen = 0;
-        while (n_gen < n_predict) {
-            int next = sample(&smp, logits);
-            if (next < 0)
-                die("the logits at position %d are not finite (NaN or infinity): the model's weights hold such values, "
-                    "or its activations overflowed", pos - 1);
-            n_gen++;
-            int eog = have_tok && tokenizer_is_eog(&tok, next);
-            if (have_tok) {
-                if (!eog || special) stream_token(&out, &tok, next, special);
-                fflush(stdout);
-            } else {
-                printf("%d ", next);
-            }
-            if (eog || n_gen == n_predict) break;
-            if (pos >= n_ctx) {
-                fprintf(stderr, "\n[context full: %d tokens]\n", n_ctx);
-                break;
-            }
-            double t1 = now_sec();
-            logits = engine_forward(&e, next, pos);
-            t_gen += now_sec() - t1;
-            if (use_gpu) bytes += bytes_per_token(c, &e.gpu, pos + 1);
-            pos++;
-            n_eval++;
-        }
-        stream_flush(&out);
-        printf("\n");
-        if (!chat) break;
-        // next turn: close this answer with <|im_end|>, then the user's next line
-        free(ids);
-        ids = NULL;
-        char *line = read_line_stdin(interactive_prompt());
-        if (!line) break;
-        char *turn = chat_turn(&tok, NULL, line, 0, no_think);
-        int *tids, nt = tokenizer_encode(&tok, turn, strlen(turn), 1, &tids);
-        ids = (int *)xmalloc((size_t)(nt + 1) * sizeof(int));
-        ids[0] = tok.im_end_id >= 0 ? tok.im_end_id : tok.eos_id;
-        memcpy(ids + 1, tids, (size_t)nt * sizeof(int));
-        n_prompt = nt + 1;
-        free(tids);
-        free(turn);
-        free(line);
-    }
-    fprintf(stderr, "\nprompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens per second)\n",
-            t_prompt * 1e3, n_prompt_total, t_prompt * 1e3 / n_prompt_total, n_prompt_total / t_prompt);
-    if (n_eval > 0) {
-        fprintf(stderr, "       eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f tokens per second)\n",
-                t_gen * 1e3, n_eval, t_gen * 1e3 / n_eval, n_eval / t_gen);
-        if (use_gpu)
-            fprintf(stderr, "decode bandwidth = %.1f GB/s (%.1f MB read per token)\n", bytes / t_gen / 1e9,
-                    bytes / n_eval / 1e6);
-    }
-    if (use_gpu) {
-        size_t fr, tot;
-        CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
-        fprintf(stderr, "device memory in use on the card (cudaMemGetInfo): %.3f GiB at the end of the load (the peak), "
-                "%.3f GiB now%s\n", e.gpu.peak_used / 1073741824.0, (tot - fr) / 1073741824.0,
-                g_vram_limit > 0 ? (e.gpu.peak_used <= g_vram_limit ? ", within --vram-limit" : ", OVER --vram-limit") : "");
-    }
-    engine_free(&e);
     if (have_tok) tokenizer_free(&tok);
-    free(ids);
-    free(smp.cand);
-    free(prompt_buf);
+    free(a.prompt_buf);
     gguf_close(&m.gguf);
-    return 0;
+    return rc;
 }
 #endif // TESTING

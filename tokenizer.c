@@ -761,6 +761,7 @@ static void stream_bytes(Stream *st, const char *bytes, int len) {
             if (need == 1) { fputc(c, st->f); continue; }
             if (need == 0) { fputs("\xef\xbf\xbd", st->f); continue; } // a stray continuation byte
         }
+        if ((unsigned)st->n >= 4) st->n = 0; // cannot happen (need <= 4): bounds it for the compiler
         st->pend[st->n++] = c;
         int need = utf8_seq_len(st->pend[0]);
         if (st->n == need) { // whole: valid, or up to `need` U+FFFDs (utf8_seq_len takes lead bytes
