@@ -2,29 +2,33 @@
 //
 // Runs Qwen2/2.5 (`qwen2`), Qwen3 (`qwen3`) and Qwen3.5/3.6 (`qwen35`: Gated DeltaNet + gated
 // attention) straight from a GGUF file on one NVIDIA GPU, built first for the V100 (sm_70: no bf16,
-// dp4a, 900 GB/s) and running on every newer card. The whole model is on the GPU or it does not run:
-// a VRAM budget proves it fits before anything large is allocated. Every kernel of the forward
-// pass has a plain-C twin in this file: the C twin is the readable specification, `--cpu` runs
-// the whole model on it, and the tests compare the two.
+// dp4a, 900 GB/s) and running on every newer card. The whole model is on the GPU or it does not
+// run: a VRAM budget proves it fits before anything large is allocated. Every kernel of the forward
+// pass has a plain-C twin in this file: the C twin is the readable specification, `--cpu` runs the
+// whole model on it, and the tests compare the two.
 //
-// Read it top to bottom; the sections follow the data:
+// Read it top to bottom; the sections follow one token from the file on disk to the next token:
 //
-//   1. utilities ............ errors, fp16/bf16 bit conversions, timers
-//   2. GGUF reader .......... the file format, every read bounded by the bytes left
-//   3. tensor types ......... block layouts and a C dequantizer for each (the spec of the format)
-//   4. config & weights ..... hyper-parameters from metadata, weights looked up by name and shape
-//   5. CPU forward .......... the plain-C twin of the whole model (fp32 math, fp32 KV cache)
-//   6. GPU kernels .......... mat-vec per tensor type (generic, and dp4a on 16-bit activations for
-//                             the four types that carry the bytes: a streaming kernel for big
-//                             launches, a per-block one for small), norms, RoPE, attention, DeltaNet
-//   6b. prefill kernels ..... a prompt batch through a layer at once: WMMA products decoding the
-//                             weights on the fly, RoPE and the KV store, batched causal attention,
-//                             DeltaNet over the batch; the perplexity's loss per row
-//   7. GPU forward .......... VRAM budget, device memory, weight upload, the per-token layer loop
-//                             replayed as a CUDA graph, and the batched prompt pass
-//   8. tokenizer & sampler .. tokenizer.c (byte-level BPE); greedy, temperature, top-k, top-p, min-p
-//   9. generation & CLI ..... llama.cpp's flag names, chat, timing lines, logits dump, --info,
-//                             --bench (and its kernels), perplexity and KL divergence files
+//    1. utilities ............ errors, fp16/bf16 conversions, timers
+//    2. GGUF reader .......... the file format, every read bounded by the bytes left
+//    3. tensor types ......... block layouts, and dequant_unit: the definition of every format
+//    4. config & weights ..... hyper-parameters from metadata, weights looked up by name and shape
+//    5. CPU forward .......... the plain-C twin of the whole model: the math, in fp32
+//    6. GPU mat-vec .......... y = W x: the simple kernel, 16-bit activations, the two fast kernels
+//    7. GPU layer kernels .... RMSNorm, attention (RoPE, KV store folded in), DeltaNet, SwiGLU
+//    8. prefill kernels ...... a prompt batch through a layer at once: tensor-core products, the
+//                              batch's attention and DeltaNet, the perplexity's loss per row
+//    9. GPU forward .......... VRAM budget, weight upload, the token's layer loop as a CUDA graph,
+//                              the batched prompt pass
+//   10. tokenizer & sampler .. tokenizer.c (byte-level BPE); greedy, temperature, top-k/p, min-p
+//   11. running the model .... the engine, perplexity and KL-divergence files, --info, --bench,
+//                              the command line and its modes
+//
+// The path of one generated token: main -> mode_generate -> gen_answer -> sample, then
+// engine_forward -> forward_gpu, which replays the graph of forward_gpu_enqueue: per layer
+// rmsnorm_quant, attention_block_gpu (matvec_qkv, attention, matvec) or deltanet_block_gpu
+// (matvec_batch, gdn_token, matvec), rmsnorm_quant, ffn_gate_up, matvec; then the output norm and
+// matvec into the logits. On the CPU, forward_cpu runs the same steps in plain C.
 //
 // Conventions used everywhere:
 //   * A weight with GGUF shape {n_in, n_out} is n_out rows of n_in elements; y[r] = dot(W[r,:], x).
@@ -107,8 +111,8 @@ static double now_sec(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-// IEEE half -> float. On the host with integer operations, so that the CPU path needs nothing
-// from CUDA; on the GPU, one instruction.   half: 1 sign bit, 5 exponent bits (bias 15), 10 mantissa
+// IEEE half -> float. On the host with integer operations, so that the CPU path needs nothing from
+// CUDA; on the GPU, one instruction.   half: 1 sign bit, 5 exponent bits (bias 15), 10 mantissa
 __host__ __device__ static float fp16_to_f32(uint16_t h) {
 #ifdef __CUDA_ARCH__
     return __half2float(__ushort_as_half(h));
@@ -151,8 +155,8 @@ __host__ __device__ static float f16r(float v) { return __half2float(__float2hal
 // A GGUF file, all little-endian:
 //
 //   "GGUF" | u32 version | i64 n_tensors | i64 n_kv
-//   n_kv      x { string key | i32 type | value }        value: scalar, string, or
-//                                                         array = { i32 elem_type | u64 n | n values }
+//   n_kv      x { string key | i32 type | value }     value: scalar, string, or
+//                                                      array = { i32 elem_type | u64 n | n values }
 //   n_tensors x { string name | u32 n_dims | i64 ne[n_dims] | i32 ggml_type | u64 offset }
 //   padding to `general.alignment` (default 32)
 //   data blob: each tensor at data_start + offset, each padded to the alignment
@@ -582,8 +586,8 @@ static const char *gguf_str(const GGUF *g, const char *key, char *buf, size_t ca
 }
 
 // Read an integer-valued key that may be stored as a u32/i32 scalar or as an array of them (one
-// value per layer, e.g. feed_forward_length). Fills out[0..n); a scalar is repeated. An array holds n
-// entries, or n_all when it also covers blocks that are not run (qwen35's multi-token-prediction
+// value per layer, e.g. feed_forward_length). Fills out[0..n); a scalar is repeated. An array holds
+// n entries, or n_all when it also covers blocks that are not run (qwen35's multi-token-prediction
 // blocks after the trunk; the first n are used). Returns 0 when the key is absent.
 static int gguf_int_or_arr(const GGUF *g, const char *key, int32_t *out, int n, int n_all) {
     const GGUFKV *kv = gguf_find(g, key);
@@ -653,7 +657,7 @@ static size_t row_bytes(int type, int64_t n) {
     return (size_t)(n / TYPE_TRAITS[type].blck) * TYPE_TRAITS[type].type_size;
 }
 
-// Q4_0: 32 weights, one scale.            | d (f16) | qs[16]: low nibbles = w[0..15], high = w[16..31] |
+// Q4_0: 32 weights, one scale.   | d (f16) | qs[16]: low nibbles = w[0..15], high = w[16..31] |
 //   w[j] = d * (q[j] - 8)
 typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;
 // Q4_1: as Q4_0 with a minimum instead of the fixed -8.   | d | m | qs[16] |     w[j] = d*q[j] + m
@@ -669,7 +673,7 @@ typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
 typedef struct { uint16_t d; uint8_t qs[16]; } block_iq4_nl;
 // IQ4_XS: 256 weights = 8 sub-blocks of 32, each with a 6-bit scale split into 4 low bits
 // (scales_l, two per byte) and 2 high bits (scales_h, two per sub-block).
-//   | d | scales_h (u16) | scales_l[4] | qs[128]: sub-block ib uses qs[16ib..16ib+15] as in IQ4_NL |
+//   | d | scales_h (u16) | scales_l[4] | qs[128]: sub-block ib uses qs[16ib..] as in IQ4_NL |
 //   w[32ib + j] = d * (ls(ib) - 32) * kvalues[q]
 typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } block_iq4_xs;
 // ls(ib), the 6-bit scale of sub-block ib (0..7)
@@ -992,9 +996,10 @@ static void config_from_gguf(Config *c, const GGUF *g) {
             c->n_ff, c->n_head, c->n_head_kv, c->n_ctx_train);
     if (c->n_head % c->n_head_kv != 0)
         die("attention.head_count %d is not a multiple of head_count_kv %d", c->n_head, c->n_head_kv);
-    // Bounds far above any Qwen model (the largest: embedding 8192, ffn 29568, 64 heads of 128) that
-    // keep every size computed from them inside 32-bit ints, whether or not a tensor's shape checks
-    // them later (a qwen35 file without attention layers has no tensor sized by the head count).
+    // Bounds far above any Qwen model (the largest: embedding 8192, ffn 29568, 64 heads of 128)
+    // that keep every size computed from them inside 32-bit ints, whether or not a tensor's shape
+    // checks them later (a qwen35 file without attention layers has no tensor sized by the head
+    // count).
     if (c->n_embd > (1 << 20) || c->n_ff > (1 << 20) || c->n_head > 4096)
         die("model dimensions out of range (embedding %d, ffn %d, heads %d): at most 2^20, 2^20 and 4096", c->n_embd,
             c->n_ff, c->n_head);
@@ -1166,13 +1171,6 @@ static void model_load(Model *m) {
     config_from_gguf(&m->c, &m->gguf);
     weights_from_gguf(&m->w, &m->c, &m->gguf);
     m->c.n_vocab = (int)m->w.token_embd.n_out;
-}
-
-// Open a model file: parse, read the config, find every weight.
-static void model_open(Model *m, const char *path) {
-    memset(m, 0, sizeof *m);
-    if (gguf_open(&m->gguf, path) != 0) die("%s", m->gguf.err);
-    model_load(m);
 }
 
 // One token's embedding, dequantized from the mapped file: x = token_embd[token, :].
@@ -1366,8 +1364,8 @@ __host__ __device__ static inline void gdn_gates(int hv, const float *beta_raw,
 
 // --- Gated DeltaNet pieces (qwen35), each the C twin of a GPU kernel ---
 
-// Causal depthwise conv over the last 4 inputs of each channel, then SiLU. cs (3, conv_dim) holds the
-// previous 3 inputs, oldest first, and is shifted by one.
+// Causal depthwise conv over the last 4 inputs of each channel, then SiLU. cs (3, conv_dim) holds
+// the previous 3 inputs, oldest first, and is shifted by one.
 //   y[c] = silu(cs[0][c] w[c][0] + cs[1][c] w[c][1] + cs[2][c] w[c][2] + mixed[c] w[c][3])
 static void gdn_conv_c(float *y /* (conv_dim) */, const float *mixed /* (conv_dim) */, const float *w /* (conv_dim, 4) */,
                        float *cs /* (3, conv_dim) */, int conv_dim) {
@@ -1605,9 +1603,9 @@ __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride
 //   X = 256*H + L with H = floor((X + 128) / 256) and L = X - 256*H, both int8
 //
 // so sum_i w[i]*X[i] = 256 * dp4a(w, H) + dp4a(w, L), exact in int32. The rounding error of a value
-// is at most amax/65024 of its block: for a Gaussian block that is ~13x smaller than fp16's relative
-// 2^-11, and unlike fp16 it cannot overflow on Qwen's large activations. Everything after the
-// 32-value integer dot (scales, sums across blocks) is fp32. (llama.cpp uses 8 bits here, 256x
+// is at most amax/65024 of its block: for a Gaussian block that is ~13x smaller than fp16's
+// relative 2^-11, and unlike fp16 it cannot overflow on Qwen's large activations. Everything after
+// the 32-value integer dot (scales, sums across blocks) is fp32. (llama.cpp uses 8 bits here, 256x
 // coarser, which is what puts it at KL 2-5e-3 on the qwen2/qwen3 fixtures, 0.02-0.19 on qwen35.)
 //
 // Layout of a quantized vector of n values (nb = n/32 blocks), "chunk-major" so that 32 lanes
@@ -1623,7 +1621,8 @@ typedef struct {
     int *sum;   // (nb)
 } XQ;
 
-// An activation vector as the mat-vecs consume it: fp32 for the generic kernels, 16-bit for the fast.
+// An activation vector as the mat-vecs consume it: fp32 for the generic kernels, 16-bit for the
+// fast.
 typedef struct {
     float *f;   // (n)
     XQ q;       // n/32 blocks; q.q == NULL when n is not a multiple of 32
@@ -1681,12 +1680,12 @@ __device__ void quantize_block_warp(float v, XQ xq, int b, int nb) {
     }
 }
 
-// --- 6.3 the planes: the fast types' weights laid out for 16-byte loads ---------------------------
+// --- 6.3 the planes: the fast types' weights laid out for 16-byte loads --------------------------
 // The file's blocks are 18, 136, 176 and 210 bytes long, which breaks 16-byte loads. At upload they
 // are rewritten (the same bytes per weight, nothing lost) as planes indexed by g, the number of a
 // 32-weight sub-block in the tensor (g = row * n_in/32 + k row by row), NB sub-blocks in all:
 //
-//   every type  qs plane (NB x 16 B): byte j = value of element j (low nibble) | element j+16 (high)
+//   every type  qs plane (NB x 16 B): byte j = element j (low nibble) | element j+16 (high)
 //   Q4_0        d plane  (NB x fp16)
 //   IQ4_XS      qs plane instead: word k holds the 4-bit codes (iq4_code), lowest bits first, of
 //               elements 4k..4k+3 then 16+4k..16+4k+3 (the order iq4_lookup8 decodes them in);
@@ -1773,9 +1772,10 @@ static int is_fast_type(int t) {
     case GGML_TYPE_Q6_K: LAUNCH(GGML_TYPE_Q6_K); break;         \
     }
 
-// Repack file block `file_blk` of a tensor with NB sub-blocks, n_sub per row, into the planes at dst, in
-// the order so. A "block" is the file's block: 32 weights (Q4_0) or 256 (the others: 8 sub-blocks,
-// which stay side by side in every order: rows are whole 32-sub-block chunks in step order).
+// Repack file block `file_blk` of a tensor with NB sub-blocks, n_sub per row, into the planes at
+// dst, in the order so. A "block" is the file's block: 32 weights (Q4_0) or 256 (the others: 8
+// sub-blocks, which stay side by side in every order: rows are whole 32-sub-block chunks in step
+// order).
 __host__ __device__ static void repack_block(int type, const uint8_t *src /* one file block */,
                                              uint8_t *dst /* the tensor's planes, NB sub-blocks */, size_t file_blk,
                                              size_t NB, StepOrder so, int n_sub) {
@@ -1864,11 +1864,12 @@ typedef struct {
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 
 // GPU-scope release/acquire fence (PTX fence.acq_rel.gpu, sm_70+). The mat-vecs' counters need no
-// more: a writer's stores, this fence, then its atomicAdd; a reader's atomicAdd that sees the count,
-// this fence, then its loads. __threadfence() is the sequentially consistent fence.sc.gpu.
+// more: a writer's stores, this fence, then its atomicAdd; a reader's atomicAdd that sees the
+// count, this fence, then its loads. __threadfence() is the sequentially consistent fence.sc.gpu.
 __device__ __forceinline__ void fence_acq_rel(void) { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-// ah += sum over 16 elements of q[e] * H[e], al += the same with L (q as 4 words of int8, X = 256*H + L)
+// ah += sum over 16 elements of q[e] * H[e], al += the same with L
+// (q: 4 words of int8; X = 256*H + L)
 __device__ __forceinline__ void dot16_acc(const int q[4], const int4 &H, const int4 &L, int &ah, int &al) {
     const int *h = (const int *)&H, *l = (const int *)&L;
 #pragma unroll
@@ -1900,9 +1901,9 @@ __device__ __forceinline__ void nibbles(int w, int *lo, int *hi) {
 
 // The dot runs in two steps, so that a thread can put the loads of all its rows in flight before it
 // waits for any of them:
-//   sub_load<TYPE>(W, g, NB) -> WSub    the sub-block's bytes: 16 of quants, the rest scales/high bits
-//   sub_dot<TYPE>(w, sub, x, lut)       sum_{e<32} w[e] * x^[e], from registers (sub = g % 8, the
-//                                       sub-block's place in its 256-weight super-block)
+//   sub_load<TYPE>(W, g, NB) -> WSub   the sub-block's bytes: 16 of quants, then scales, high bits
+//   sub_dot<TYPE>(w, sub, x, lut)      sum_{e<32} w[e] * x^[e], from registers (sub = g % 8, the
+//                                      sub-block's place in its 256-weight super-block)
 typedef struct {
     int4 q;  // the 16-byte quants of the qs plane
     int4 h;  // per type: the super-block header, high bits, scales
@@ -2019,8 +2020,8 @@ template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const WSu
     return d * (float)(ls - 32) * x.s * (float)dot_q_x(lo, hi, x);
 }
 
-// Spread 4 bits t (bit i = 5th bit of element i) to bit 4 of bytes 0..3: t * (1 + 2^7 + 2^14 + 2^21) << 4
-// puts bit i at 8i + 4 with no carries between the copies.
+// Spread 4 bits t (bit i = 5th bit of element i) to bit 4 of bytes 0..3:
+// t * (1 + 2^7 + 2^14 + 2^21) << 4 puts bit i at 8i + 4 with no carries between the copies.
 __device__ __forceinline__ int spread4_bit4(int t) { return (t * 0x02040810) & 0x10101010; }
 
 // Q5_K: w = d * sc * q5 - dmin * m   ->   s * (d * sc * sum q5*X - dmin * m * sum X)
@@ -2240,9 +2241,9 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
     size_t NB = (size_t)p.n_out[m] * n_sub;
     int grp = c0 / cpr, kk = c0 % cpr, cut = kk != 0; // cut: the group began in an earlier run
     // The plane index of row r of a unit: row by row, (grp * R + r) * n_sub + 32 kk + lane; in step
-    // order, (slot * R + r) * 32 + lane, where unit c is this warp's step k = c + first - warp * upw
-    // and the slot moves on by nw a step, less one where the matrix's first or last warp has no unit
-    // (so_slot_kw's terms).
+    // order, (slot * R + r) * 32 + lane, where unit c is this warp's step k = c + first - warp *
+    // upw and the slot moves on by nw a step, less one where the matrix's first or last warp has no
+    // unit (so_slot_kw's terms).
     StepWarps sw = {0, 0, 0, 0};
     int k = 0;
     unsigned slot = 0;
@@ -2318,8 +2319,8 @@ __global__ void __launch_bounds__(THREADS, THREADS >= MV_SM_THREADS ? 1 : MV_SM_
     }
 }
 
-// Warps of matvec_stream_kernel the GPU holds at once at 16 per SM (asked once; the shapes of 512 and
-// 2 x 256 threads); mv_plan_runs scales it for the 640-thread shape.
+// Warps of matvec_stream_kernel the GPU holds at once at 16 per SM (asked once; the shapes of 512
+// and 2 x 256 threads); mv_plan_runs scales it for the 640-thread shape.
 static int mv_grid_warps(void) {
     static int warps = 0;
     if (!warps) {
@@ -2692,7 +2693,8 @@ static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float
 //   2. per chunk: att_stage_chunk (K and V rows into shared memory), att_chunk_scores (s = q . k /
 //      sqrt(hd)), att_softmax_update and att_accumulate_pv: the split's running state (online
 //      softmax), with m the running maximum, l the sum, o the weighted sum of V:
-//        m' = max(m, max s),  c = e^(m - m'),  l' = c l + sum e^(s - m'),  o' = c o + sum e^(s - m') V
+//        m' = max(m, max s),  c = e^(m - m'),  l' = c l + sum e^(s - m'),
+//        o' = c o + sum e^(s - m') V
 //   3. att_write_partial: m, l, o of the split; the last split of kv head j to finish then
 //   4. att_merge: out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m), m = max m_s, and
 //   5. att_output_gate: qwen35's out *= sigmoid(gate), the output and its 16-bit copy.
@@ -2772,7 +2774,8 @@ __host__ __device__ __forceinline__ AttCut att_cut(int pos, int n_split, int chu
     a.ns = (a.n_chunks + a.cps - 1) / a.cps;
     return a;
 }
-// Split s walks chunks s * cps up to (not including) att_split_end; chunk c holds att_chunk_len keys.
+// Split s walks chunks s * cps up to (not including) att_split_end; chunk c holds att_chunk_len
+// keys.
 __host__ __device__ __forceinline__ int att_split_end(AttCut a, int s) {
     return min((s + 1) * a.cps, a.n_chunks);
 }
@@ -2887,8 +2890,8 @@ __device__ __forceinline__ void att_store_k(const AttShared &sh, __half *kc /* (
     }
 }
 
-// 2a. A chunk's K and V rows, loaded into registers one chunk ago, into shared memory: nl rows
-// from the cache, then (nl < nt: the own block's last chunk) this token's own row from sh.kh, sh.vh.
+// 2a. A chunk's K and V rows, loaded into registers one chunk ago, into shared memory: nl rows from
+// the cache, then (nl < nt: the own block's last chunk) this token's own row from sh.kh, sh.vh.
 __device__ __forceinline__ void att_stage_chunk(const AttShared &sh, const uint4 *kr,
                                                 const uint4 *vr, int nl, int nt, int hd) {
     int v8 = hd / 8, ks = hd + ATT_KPAD;
@@ -3198,7 +3201,8 @@ static void attention(const float *q /* (n_head, hd) or NULL */,
     KERNEL_CHECK();
 }
 
-// Check once that the attention kernel gets the shared memory it needs (over 48 KB needs opting in).
+// Check once that the attention kernel gets the shared memory it needs (over 48 KB needs opting
+// in).
 static void attention_setup(int n_head, int n_kv, int hd) {
     int g = n_head / n_kv;
     size_t smem = att_smem(g, hd, att_chunk(hd));
@@ -3242,10 +3246,10 @@ __device__ void gdn_head_finish(float *y, int b, int Hk, int Hv, const float *be
     }
 }
 
-// Causal conv + SiLU of the q/k/v projections, L2 norm of each q and k head, and the gates of each v
-// head. Grid: 2*Hk + Hv blocks of S threads; block b holds channels [b*S, (b+1)*S) of
-// [q heads | k heads | v heads]. In place on mixed. C twins: gdn_conv_c, l2norm_c, and the gates
-// in deltanet_block_cpu.
+// Causal conv + SiLU of the q/k/v projections, L2 norm of each q and k head, and the gates of each
+// v head. Grid: 2*Hk + Hv blocks of S threads; block b holds channels [b*S, (b+1)*S) of
+// [q heads | k heads | v heads]. In place on mixed. C twins: gdn_conv_c, l2norm_c, and the gates in
+// deltanet_block_cpu.
 __global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: projections, out: conv output
                                      const float *w,         // (conv_dim, 4) conv taps
                                      float *cs,              // (3, conv_dim) conv state, oldest first
@@ -3306,10 +3310,10 @@ __device__ __forceinline__ void gdn_rule(float (&m)[R][C] /* this lane's R rows 
 }
 
 // The gated delta rule for T consecutive tokens. A state row (value index j, S floats) is held by L
-// lanes, S/L floats each, in registers from the first token to the last; a warp holds 32/L groups of
-// R rows, and a group's rows share the loads of q and k. Per token, gdn_rule, and o_j = oq_j /
-// sqrt(S). A single token uses L = 32, R = 1 (the most blocks); a prompt L = 8 (16 when S > 128), R = 2: the
-// reductions, log2(L) shuffle levels per value, are what a prompt's recurrence waits on.
+// lanes, S/L floats each, in registers from the first token to the last; a warp holds 32/L groups
+// of R rows, and a group's rows share the loads of q and k. Per token, gdn_rule, and o_j = oq_j /
+// sqrt(S). A single token uses L = 32, R = 1 (the most blocks); a prompt L = 8 (16 when S > 128),
+// R = 2: the reductions, log2(L) shuffle levels per value, are what a prompt's recurrence waits on.
 // Grid (Hv, S / (GDN_ROWS * 32/L * R)). C twin: gdn_step_c.
 #define GDN_ROWS 4 // warps per block (each holds 32/L groups of R state rows)
 template <int NT, int R, int L>
@@ -3367,8 +3371,9 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
         for (int t = 0; t < C; t++) __stcs(&state[((size_t)hv * S + j0 + r) * S + lg + L * t], m[r][t]);
 }
 
-// Launch gdn_step_kernel with NT = S/32 (S a multiple of 32 up to 256, checked when the model is read):
-// a prompt with 8 lanes per row (16 when S > 128) and 2 rows per group, a single token with 32 and 1.
+// Launch gdn_step_kernel with NT = S/32 (S a multiple of 32 up to 256, checked when the model is
+// read): a prompt with 8 lanes per row (16 when S > 128) and 2 rows per group, a single token with
+// 32 and 1.
 static void gdn_step(float *state, const float *qkv, const float *gb, float *o, int S, int Hk, int Hv, int T,
                      cudaStream_t st) {
     int L = T == 1 ? 32 : S > 128 ? 16 : 8, R = T == 1 ? 1 : 2;
@@ -3391,8 +3396,8 @@ static void gdn_step(float *state, const float *qkv, const float *gb, float *o, 
     KERNEL_CHECK();
 }
 
-// Gated RMSNorm per v head, fp32 and quantized for the out-projection: out = rmsnorm(o) * w * silu(z).
-// Grid Hv blocks of S threads. C twin: gated_rmsnorm_c.
+// Gated RMSNorm per v head, fp32 and quantized for the out-projection: out = rmsnorm(o) * w *
+// silu(z). Grid Hv blocks of S threads. C twin: gated_rmsnorm_c.
 __global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */, const float *z /* (Hv, S) */,
                                      const float *w /* (S) */, float eps) {
     int S = blockDim.x, i = blockIdx.x * S + threadIdx.x;
@@ -3415,10 +3420,10 @@ __global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */, cons
 //   3. the delta rule, as gdn_step_kernel; o stays in shared memory;
 //   4. the gated RMSNorm of o and its 16-bit copy, as gdn_norm_gate_kernel;
 //   5. the new conv window of its channels (below).
-// The conv state of the v channels belongs to one block; that of the q and k channels is read by the
-// Hv/Hk blocks that share hk, so none may overwrite it before all have read it: each block counts
-// itself in after its reads (count[hk]), and the last to arrive writes the new window at its end
-// and resets the count. No block waits for another, so any number of blocks may be resident.
+// The conv state of the v channels belongs to one block; that of the q and k channels is read by
+// the Hv/Hk blocks that share hk, so none may overwrite it before all have read it: each block
+// counts itself in after its reads (count[hk]), and the last to arrive writes the new window at its
+// end and resets the count. No block waits for another, so any number of blocks may be resident.
 // Grid Hv, 1024 threads (S = 32 * NT, NT <= 4). C twins: gdn_conv_c, l2norm_c, the gates in
 // deltanet_block_cpu, gdn_step_c, gated_rmsnorm_c, quantize_block_c.
 #define GDN_TOKEN_THREADS 1024
@@ -3506,8 +3511,8 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
             if (lane == r) os[j0 + r] = oq[r] * rsqrtf((float)S);
     }
     __syncthreads();
-    // 4. gated RMSNorm of o (warps 0 .. NT-1 hold its S values) and the 16-bit copy; thread 0 learns
-    // whether this block was the last of k head hk to count in
+    // 4. gated RMSNorm of o (warps 0 .. NT-1 hold its S values) and the 16-bit copy; thread 0
+    // learns whether this block was the last of k head hk to count in
     float v = 0.0f;
     if (wid < NT) {
         v = os[t];
@@ -3625,9 +3630,10 @@ __host__ __device__ static float row_scale(float amax) {
     return ldexpf(1.0f, e - 12);
 }
 
-// --- weight tiles: one 32-weight unit as fp16 -------------------------------------------------------
-// The 32 weights of unit u of a weight row as fp16 (the C twin: mm_weight_row), in two steps so that
-// the product can have the loads of the next tile in flight while it multiplies the current one:
+// --- weight tiles: one 32-weight unit as fp16 ----------------------------------------------------
+// The 32 weights of unit u of a weight row as fp16 (the C twin: mm_weight_row), in two steps so
+// that the product can have the loads of the next tile in flight while it multiplies the current
+// one:
 //   w_load<TYPE>(W, row, u, g, n_in, NB) -> WRaw   the unit's bytes: 16 of quants, the scales
 //   w_decode<TYPE>(raw, out)                        32 fp16 weights
 // GGML_TYPE_F16 reads fp16 rows (the fp16 copy of a weight without planes: 64 bytes, unit u of
@@ -3639,7 +3645,7 @@ __host__ __device__ static float row_scale(float amax) {
 //   bits 0x6400 | c  =  1024 + c   (exact),    so   (0x6400 | c) - (1024 + o) = c - o   (exact)
 // and one byte permute builds two of them from two bytes of quants. The weight is then one fp16
 // multiply by the sub-block scale rounded to fp16: one rounding, as in the twin.
-//   Q4_0:   c = q,          w = (c - 8) * d                       (d is fp16 already: the exact value)
+//   Q4_0:   c = q,          w = (c - 8) * d          (d is fp16 already: the exact value)
 //   IQ4_XS: c = kvalue + 128, w = (c - 128) * fp16(d * (ls - 32))
 //   Q6_K:   c = q (6 bits), w = (c - 32) * fp16(d * sc)
 // Q5_K stays in fp32 (the same trick under the exponent of 2^23, then w = q * d*sc - dmin*m in one
@@ -3775,8 +3781,8 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw 
     }
 }
 
-// The fp16 copy of rows [r0, r0 + n_rows) of a weight in its file layout (the types without planes),
-// for the product to read as GGML_TYPE_F16: one thread per 32-weight unit.
+// The fp16 copy of rows [r0, r0 + n_rows) of a weight in its file layout (the types without
+// planes), for the product to read as GGML_TYPE_F16: one thread per 32-weight unit.
 template <int TYPE>
 __global__ void dequant_f16_kernel(const uint8_t *W /* rows of row_stride bytes */, size_t row_stride,
                                    __half *out /* (n_rows, n_in) */, int r0,
@@ -3791,16 +3797,17 @@ __global__ void dequant_f16_kernel(const uint8_t *W /* rows of row_stride bytes 
     for (int j = 0; j < 32; j++) o[j] = __float2half(w[j]);
 }
 
-// --- the product -----------------------------------------------------------------------------------
-// y[t, n] = s[t] * sum_k X[t, k] W[n, k] (+ bias[n]) (+ y[t, n] when accumulate), for t < T, n < n_out.
+// --- the product ---------------------------------------------------------------------------------
+// y[t, n] = s[t] * sum_k X[t, k] W[n, k] (+ bias[n]) (+ y[t, n] when accumulate),
+// for t < T, n < n_out.
 //
 // Tiles. The output is cut into tiles of MM_TT tokens x MM_TN weight rows, and k into steps of 64
 // (two 32-weight units). A step stages the tile's X (fp16 rows) and W (decoded here, one unit per
-// thread, so the two threads of a row read one contiguous 32-byte sector of the planes; X in 16-byte
-// chunks, four whole rows per warp load) in shared memory, and the 8 warps multiply them with WMMA,
-// each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16 fp32 accumulators). The next
-// step's bytes are loaded into registers before the tensor cores work on the current step and are
-// decoded and stored to the other half of a double buffer after: one barrier per step.
+// thread, so the two threads of a row read one contiguous 32-byte sector of the planes; X in
+// 16-byte chunks, four whole rows per warp load) in shared memory, and the 8 warps multiply them
+// with WMMA, each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16 fp32 accumulators). The
+// next step's bytes are loaded into registers before the tensor cores work on the current step and
+// are decoded and stored to the other half of a double buffer after: one barrier per step.
 //
 // Work split ("stream-K"). A grid of whole tiles rarely fills the GPU evenly: a 512-token prompt
 // through a 17408-row weight is 544 tiles, 2.06 waves of the H200's 264 resident blocks, so the
@@ -3849,8 +3856,8 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
     int n_tt = (T + MM_TT - 1) / MM_TT, n_tiles = n_tt * ((n_out + MM_TN - 1) / MM_TN);
     long long total = (long long)n_tiles * n_steps; // < 2^31 (matmul_tc)
     int s = (int)(blockIdx.x * total / gridDim.x), s_end = (int)((blockIdx.x + 1) * total / gridDim.x);
-    // loaders. X: chunk c = threadIdx.x + 256 i (i < 4) of the step's 128 rows x 128 bytes is row
-    // c / 8, bytes 16 (c % 8): a warp reads 4 whole rows per load. W: one 32-weight unit per thread,
+    // loaders. X: chunk c = threadIdx.x + 256 i (i < 4) of the step's 128 rows x 128 bytes is row c
+    // / 8, bytes 16 (c % 8): a warp reads 4 whole rows per load. W: one 32-weight unit per thread,
     // unit lu of row lr. Rows past T or n_out read the last row instead (their results are never
     // written); units past n_in (odd n_in / 32) are zeros.
     int xc = threadIdx.x % 8, xrow = threadIdx.x / 8;
@@ -3935,8 +3942,8 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
             __syncthreads();
         }
         // epilogue: each fragment goes through a 16x16 fp32 patch of shared memory (the X tiles are
-        // free now), then every lane writes 8 of its values: the whole tile to y with the row scale,
-        // bias and accumulation; a piece to its slot of part with the row scale
+        // free now), then every lane writes 8 of its values: the whole tile to y with the row
+        // scale, bias and accumulation; a piece to its slot of part with the row scale
         float *patch = (float *)xs + warp * 256;
         int whole = k0 == 0 && k1 == n_steps;
         float *slot = part + ((size_t)blockIdx.x * 2 + (k0 > 0 ? 0 : 1)) * MM_SLOT;
@@ -3987,10 +3994,10 @@ __global__ void matmul_fixup_kernel(float *y /* (T, ldy) */, int ldy, const floa
 
 static int is_float_weight(int type) { return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16; }
 
-// The weights of one row as matmul_kernel's tiles hold them (fp16 values, as floats): the dequantized
-// value rounded to fp16, where IQ4_XS and Q6_K first round their sub-block scales to fp16 (the
-// pairwise decode of w_decode; the integer times the scale is exact in fp32, so each weight is
-// rounded once more, to fp16, as on the GPU):
+// The weights of one row as matmul_kernel's tiles hold them (fp16 values, as floats): the
+// dequantized value rounded to fp16, where IQ4_XS and Q6_K first round their sub-block scales to
+// fp16 (the pairwise decode of w_decode; the integer times the scale is exact in fp32, so each
+// weight is rounded once more, to fp16, as on the GPU):
 //   IQ4_XS: fp16(fp16(d * (ls - 32)) * kvalue)   Q6_K: fp16(fp16(d * sc) * (q - 32))
 static void mm_weight_row(int type, const uint8_t *src /* one row, row_bytes(type, n_in) */, float *w /* (n_in) */,
                           int n_in) {
@@ -4001,9 +4008,10 @@ static void mm_weight_row(int type, const uint8_t *src /* one row, row_bytes(typ
     for (int i = 0; i < n_in; i++) w[i] = f16r(w[i]);
 }
 
-// C twin of matmul_kernel and matmul_f32_kernel: the same products in fp32 (double sums) from the same
-// operands: for quantized weights the fp16 weights of mm_weight_row times the fp16 rows X
-// (then * s), for float weights the weight times the fp32 rows xf. Only the summation order differs.
+// C twin of matmul_kernel and matmul_f32_kernel: the same products in fp32 (double sums) from the
+// same operands: for quantized weights the fp16 weights of mm_weight_row times the fp16 rows X
+// (then * s), for float weights the weight times the fp32 rows xf. Only the summation order
+// differs.
 static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */, const float *xs /* (T) */,
                      const float *xf /* (T, ld) */, int ld, int T, float *y /* (T, ldy) */, int ldy,
                      const float *bias /* (n_out) or NULL */, int accumulate, float *row /* (n_in) */) {
@@ -4083,7 +4091,7 @@ __global__ void __launch_bounds__(256) matmul_f32_kernel(const uint8_t *W /* (n_
         }
 }
 
-// --- row-wise kernels (one block per token row) -----------------------------------------------------
+// --- row-wise kernels (one block per token row) --------------------------------------------------
 
 // Writers of ActH rows take the row's max |value| (block_max), then store X = v / s.
 #define ROW_THREADS 256
@@ -4106,8 +4114,8 @@ __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_rows_kernel(ActH out, con
     if (threadIdx.x == 0) out.s[blockIdx.x] = s;
 }
 
-// out[t] = silu(g[t]) * u[t] as an fp16 row with its scale (the FFN's hidden row). C twin: silu_c(g) * u
-// in ffn_block_cpu.
+// out[t] = silu(g[t]) * u[t] as an fp16 row with its scale (the FFN's hidden row). C twin:
+// silu_c(g) * u in ffn_block_cpu.
 __global__ void __launch_bounds__(ROW_THREADS) silu_mul_rows_kernel(ActH out, const float *g /* (T, n) */,
                                                                     const float *u /* (T, n) */, int n) {
     size_t r = (size_t)blockIdx.x * n;
@@ -4185,10 +4193,10 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
     }
 }
 
-// --- causal attention over the batch ---------------------------------------------------------------
-// Query t of the batch (position pos0 + t) attends to cache positions 0 .. pos0 + t; the batch's own
-// keys and values are already in the cache (rope_and_kv_store_kernel over all rows). Block: a tile
-// of PA_TQ = 64 queries of one head, 8 warps; the products run on the tensor cores (WMMA, fp16
+// --- causal attention over the batch -------------------------------------------------------------
+// Query t of the batch (position pos0 + t) attends to cache positions 0 .. pos0 + t; the batch's
+// own keys and values are already in the cache (rope_and_kv_store_kernel over all rows). Block: a
+// tile of PA_TQ = 64 queries of one head, 8 warps; the products run on the tensor cores (WMMA, fp16
 // operands, fp32 sums) over chunks of keys staged in shared memory (64 keys, 32 when hd > 128):
 //   S = Q K^T          (Q = q / sqrt(hd) rounded to fp16; 4 groups of 16 queries x key tiles of 16)
 //   P = fp16(exp(S - m)),  l = sum_k P,  O = P V   (warp w: queries 16 (w % 4).., half w / 4 of hd)
@@ -4197,14 +4205,14 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
 // computes P and O with that final m, so O stays in the tensor cores' accumulators and never needs
 // rescaling (WMMA's fragment layout is opaque); the second pass recomputes S, which is cheap on the
 // tensor cores. Keys past the last visible one are zeros in shared memory (the cache beyond is not
-// initialized: 0 * nan would poison O). The output is the fp16 input row of Wo; it needs no scaling:
-// a convex combination of fp16 cache values (times a gate) is inside fp16's range.
-// C twin: attention_prefill_c per query (the same fp16 roundings; attention_c is the exact math).
+// initialized: 0 * nan would poison O). The output is the fp16 input row of Wo; it needs no
+// scaling: a convex combination of fp16 cache values (times a gate) is inside fp16's range. C twin:
+// attention_prefill_c per query (the same fp16 roundings; attention_c is the exact math).
 #define PA_TQ 64
 #define PA_THREADS 256
 __host__ __device__ static inline int pa_tk(int hd) { return hd > 128 ? 32 : 64; } // keys per chunk
-// shared memory: Q (PA_TQ, hd+8) and K, V (tk, hd+8) halves, S (PA_TQ, tk+4) floats, P (PA_TQ, tk+8)
-// halves, m and l (PA_TQ) floats
+// shared memory: Q (PA_TQ, hd+8) and K, V (tk, hd+8) halves, S (PA_TQ, tk+4) floats, P (PA_TQ,
+// tk+8) halves, m and l (PA_TQ) floats
 static size_t pa_smem(int hd) {
     int tk = pa_tk(hd);
     return (size_t)(PA_TQ + 2 * tk) * (hd + 8) * 2 + (size_t)PA_TQ * (tk + 4) * 4 + (size_t)PA_TQ * (tk + 8) * 2 +
@@ -4268,8 +4276,9 @@ attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
                 wmma::store_matrix_sync(Ss + 16 * g * lds + 16 * kt, s, lds, wmma::mem_row_major);
             }
             __syncthreads();
-            // softmax rows: pass 0 the running maximum, pass 1 P and its sum (in pass 0 only the row's
-            // first thread needs m, and it writes ms[sr] below: the row's other threads leave it alone)
+            // softmax rows: pass 0 the running maximum, pass 1 P and its sum (in pass 0 only the
+            // row's first thread needs m, and it writes ms[sr] below: the row's other threads leave
+            // it alone)
             float mx = -INFINITY, sum = 0.0f, m = pass || sp == 0 ? ms[sr] : 0.0f;
             for (int c = sp; c < tk; c += 4) {
                 int key = k0 + c;
@@ -4326,11 +4335,12 @@ attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
     if (h == 0 && threadIdx.x < PA_TQ && tq0 + threadIdx.x < T) out.s[tq0 + threadIdx.x] = 1.0f;
 }
 
-// --- Gated DeltaNet over the batch -------------------------------------------------------------------
+// --- Gated DeltaNet over the batch ---------------------------------------------------------------
 
 // Causal conv + SiLU over the batch, out of place, one thread per (row, channel):
-//   y[t, c] = silu(sum_{i<4} w[c, i] * x[t - 3 + i, c]),   rows before the batch from the conv state.
-// gdn_conv_state_kernel then keeps the last 3 inputs as the new state. C twin: gdn_conv_c per token.
+//   y[t, c] = silu(sum_{i<4} w[c, i] * x[t - 3 + i, c]),  the rows before the batch from the
+//   conv state. gdn_conv_state_kernel then keeps the last 3 inputs as the new state.
+// C twin: gdn_conv_c per token.
 __global__ void gdn_conv_rows_kernel(float *y,        // (T, conv_dim) out
                                      const float *x,  // (T, conv_dim) projections
                                      const float *w,  // (conv_dim, 4)
@@ -4399,8 +4409,9 @@ __global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */, co
 }
 
 // --- the perplexity's loss per row ---------------------------------------------------------------
-// nll[r] = -log softmax(logits[r])[target[r]] = log sum_i exp(l_i - max) + max - l_target, one block
-// per row: perplexity needs only these, not the rows themselves. C twin: log_softmax in ppl_score.
+// nll[r] = -log softmax(logits[r])[target[r]] = log sum_i exp(l_i - max) + max - l_target, one
+// block per row: perplexity needs only these, not the rows themselves. C twin: log_softmax in
+// ppl_score.
 __global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *target /* (nr) */, float *nll /* (nr) */, int V) {
     const float *l = logits + (size_t)blockIdx.x * V;
     float mx = -INFINITY;
@@ -4490,9 +4501,10 @@ typedef struct {
 // -b: prompt tokens per batched pass (the prefill buffers are sized for it; 1 turns prefill off).
 static int g_n_batch = 512;
 #define LOGIT_ROWS 64 // rows of logits per batched output product (perplexity scores many rows)
-#define MM_PART_ELEMS ((size_t)4 << 20) // floats of partial sums at least (16 MB): more when the GPU holds
-                                        // more than 128 product blocks at once (two 64 KB slots each)
-#define MM_BLOCKS_NO_GPU 80             // product blocks assumed for the budget without a GPU (a V100)
+// floats of partial sums at least (16 MB): more when the GPU holds more than 128 product blocks
+// at once (two 64 KB slots each)
+#define MM_PART_ELEMS ((size_t)4 << 20)
+#define MM_BLOCKS_NO_GPU 80 // product blocks assumed for the budget without a GPU (a V100)
 
 #define WSCRATCH_MAX (16u << 20) // halves of the fp16 weight scratch at most (prefill_plan)
 // The weights that multiply activations in the layers (12 slots; those a model lacks have no name),
@@ -4506,8 +4518,8 @@ static void layer_products(const LayerWeights *L, const Tensor *out[N_LAYER_PROD
 
 static int gpu_available(void);
 static int mm_resident(int type);
-// Plan the prefill for the model and -b (gpu_state_carve then sizes its buffers): off (n_batch 0) for
-// -b 1, when an input width is not a multiple of 32 (the product's tiles walk whole 32-weight
+// Plan the prefill for the model and -b (gpu_state_carve then sizes its buffers): off (n_batch 0)
+// for -b 1, when an input width is not a multiple of 32 (the product's tiles walk whole 32-weight
 // units), or for heads wider than 256 (the batched attention's warps hold half a head each, 8
 // fragments of 16: prompts then go token by token); fp32 rows when a product has float weights; an
 // fp16 scratch for quantized weights without planes, one slice of rows at a time.
@@ -4579,7 +4591,7 @@ static int gpu_weight_list(Model *m, Tensor **list) {
     return n;
 }
 
-// --- VRAM budget: prove the model fits before allocating anything large ---------------------------
+// --- VRAM budget: prove the model fits before allocating anything large --------------------------
 // qwen.cu never offloads layers to the CPU: either everything fits on the card, or it refuses with
 // the numbers that would make it fit. The budget is computed from the same layout code that later
 // carves the memory, and compared with what the card really has free once the CUDA context exists
@@ -4995,7 +5007,7 @@ static void gpu_state_free(GpuState *s) {
 
 #define DEV(t) ((const float *)(t).dev) // an uploaded f32 vector (norm weight or bias), or NULL
 
-// --- one token: the layer loop --------------------------------------------------------------------
+// --- one token: the layer loop -------------------------------------------------------------------
 
 // Attention layer l: x = x + Wo attn(q, k, v): the q/k/v mat-vecs in one launch, then the
 // attention with this token's per-head norm, RoPE and KV store folded in, then Wo added into s->x.
@@ -5110,10 +5122,10 @@ static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
 }
 
-// --- prefill: the batched pass (kernels in section 8) -----------------------------------------------
+// --- prefill: the batched pass (kernels in section 8) --------------------------------------------
 
-// Blocks of matmul_kernel<TYPE> resident on the whole GPU at once (the stream-K grid). The first call
-// also opts the kernels in to their 72 KB of shared memory (over 48 KB must be asked for).
+// Blocks of matmul_kernel<TYPE> resident on the whole GPU at once (the stream-K grid). The first
+// call also opts the kernels in to their 72 KB of shared memory (over 48 KB must be asked for).
 static int mm_resident(int type) {
     static int n_sm = 0, per_sm[GGML_TYPE_COUNT];
     if (!n_sm) {
@@ -5346,8 +5358,8 @@ static void batch_nll_gpu(const Model *m, GpuState *s, int r0, int nr, const int
 
 // Sampling follows llama.cpp's default order so runs are comparable with the same flags:
 //   top-k  ->  top-p and min-p (on the softmax of the raw logits)  ->  temperature  ->  draw.
-// temp <= 0 is greedy (argmax, lowest id on ties). The random stream is xorshift64* seeded by --seed:
-// the same seed, model and prompt give the same tokens.
+// temp <= 0 is greedy (argmax, lowest id on ties). The random stream is xorshift64* seeded by
+// --seed: the same seed, model and prompt give the same tokens.
 
 typedef struct {
     float logit, p;
@@ -5445,7 +5457,8 @@ static int sample(Sampler *s, const float *logits) {
         n = m;
     }
     if (s->top_p < 1.0f) {
-        // Tokens with p < (1 - top_p)/(n - 1) can never be inside the nucleus: drop them before the sort.
+        // Tokens with p < (1 - top_p)/(n - 1) can never be inside the nucleus: drop them before the
+        // sort.
         if (n > 1) {
             float cut = (1.0f - s->top_p) / (n - 1);
             int m = 0;
@@ -5470,7 +5483,7 @@ static int sample(Sampler *s, const float *logits) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 11. Generation and the command line
+// 11. Running the model: the engine, perplexity and KL divergence, --info, --bench, the CLI
 // ------------------------------------------------------------------------------------------------
 
 // The forward pass on either device, behind one call.
@@ -5542,9 +5555,9 @@ static void gpu_prompt_batches(Engine *e, const int *tokens /* (n) */, int n, in
 }
 
 // Feed tokens[0..n) at positions pos, pos+1, ...: a prompt. The logits after each token i >= first
-// (first <= n - 1) are handed to each(ctx, i, logits) in order when `each` is given; the logits after
-// the last token are returned, valid until the next call. On the GPU the tokens go through the model
-// in batches of up to -b rows (section 8), else one at a time.
+// (first <= n - 1) are handed to each(ctx, i, logits) in order when `each` is given; the logits
+// after the last token are returned, valid until the next call. On the GPU the tokens go through
+// the model in batches of up to -b rows (section 8), else one at a time.
 typedef void (*LogitsFn)(void *ctx, int i, const float *logits);
 typedef struct { LogitsFn each; void *ctx; float *last; /* (n_vocab) */ } EvalRows;
 static void eval_rows(Engine *e, void *p, int i0, int r, int nr) {
@@ -5846,17 +5859,18 @@ static void print_info(Model *m, int n_ctx) {
 }
 
 // --- perplexity and KL divergence, in llama.cpp's file format ---------------------------------
-// The standard chunked perplexity (llama-perplexity's): the tokens are cut into chunks of n_ctx, each
-// chunk is evaluated from an empty cache, and only its second half is scored: positions
+// The standard chunked perplexity (llama-perplexity's): the tokens are cut into chunks of n_ctx,
+// each chunk is evaluated from an empty cache, and only its second half is scored: positions
 // n_ctx/2 .. n_ctx-2 predict the next token. PPL = exp(mean negative log-likelihood).
 //
-// A "KL-divergence base" file keeps, for every scored position, the log-probabilities of a reference
-// run, so another engine or another quantization can be scored against it:
+// A "KL-divergence base" file keeps, for every scored position, the log-probabilities of a
+// reference run, so another engine or another quantization can be scored against it:
 //   "_logits_" | u32 n_ctx | i32 n_vocab | i32 n_chunk | i32 tokens[n_chunk * n_ctx]
 //   then per chunk, per scored position, nv = 2*ceil(n_vocab/2) + 4 u16 words:
 //     words 0-3: f32 scale, f32 min_log_prob;  words 4..: round((logit - min_logit) / scale)
-//   with max = max(logits), min_logit = max(min(logits), max - 16), scale = (max - min_logit) / 65535,
-//   min_log_prob = min_logit - max - log(sum exp(logit - max));  log p = min_log_prob + scale * word.
+//   with max = max(logits), min_logit = max(min(logits), max - 16),
+//   scale = (max - min_logit) / 65535, min_log_prob = min_logit - max - log(sum exp(logit - max)):
+//   log p = min_log_prob + scale * word.
 // llama.cpp writes and reads the same layout (--kl-divergence-base), so either can score the other.
 
 static size_t kld_record_words(int n_vocab) { return 2 * (((size_t)n_vocab + 1) / 2) + 4; }
@@ -5978,8 +5992,9 @@ static void mean_err(double sum, double sum2, int n, double *mean, double *err) 
     *err = n > 1 ? sqrt(fmax(sum2 / n - *mean * *mean, 0.0) / (n - 1)) : 0.0;
 }
 
-// Feed tokens[0..n) from position 0 like engine_eval and return in nll[i - first], for every i >= first,
-// -log p(targets[i] | tokens[0..i]). On the GPU with batches only these numbers leave the device.
+// Feed tokens[0..n) from position 0 like engine_eval and return in nll[i - first], for every i >=
+// first, -log p(targets[i] | tokens[0..i]). On the GPU with batches only these numbers leave the
+// device.
 typedef struct {
     const int *targets; // (n)
     double *nll;        // (n - first)
@@ -6062,9 +6077,9 @@ static void ppl_score(void *ctx, int j, const float *logits) { // logits after t
     a->n++;
 }
 
-// Evaluate tokens[0 .. n_chunk*n_ctx) chunk by chunk; with out_base also write the records of a base
-// file (its header first: kld_base_write_header), with in_base score against it. `e` must have room
-// for n_ctx positions.
+// Evaluate tokens[0 .. n_chunk*n_ctx) chunk by chunk; with out_base also write the records of a
+// base file (its header first: kld_base_write_header), with in_base score against it. `e` must have
+// room for n_ctx positions.
 static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx, FILE *out_base, const KldBase *in_base,
                             int verbose) {
     PplAcc a;

@@ -25,6 +25,13 @@ static cudaError_t counted_cudaMallocHost(void **p, size_t n) { g_n_alloc++; ret
 #define TESTING
 #include "../qwen.cu"
 
+// Open a model file: parse, read the config, find every weight.
+static void model_open(Model *m, const char *path) {
+    memset(m, 0, sizeof *m);
+    if (gguf_open(&m->gguf, path) != 0) die("%s", m->gguf.err);
+    model_load(m);
+}
+
 #include <dirent.h>
 #include <sys/wait.h>
 
