@@ -86,7 +86,8 @@ static void die(const char *fmt, ...) {
 // (A function, so that it can follow a launch inside an expression.)
 static void kernel_check(const char *file, int line) {
     cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess) die("CUDA kernel launch: %s (%s:%d)", cudaGetErrorString(err), file, line);
+    if (err != cudaSuccess)
+        die("CUDA kernel launch: %s (%s:%d)", cudaGetErrorString(err), file, line);
 }
 #define KERNEL_CHECK() kernel_check(__FILE__, __LINE__)
 
@@ -103,7 +104,7 @@ static void *xcalloc(size_t n, size_t size) {
 
 // Settings from the command line that reach deep into the engine.
 static double g_vram_limit = 0.0; // --vram-limit in bytes; 0: the card as it is
-static int g_verbose = 1;         // print the VRAM budget and the load progress (the tests turn it off)
+static int g_verbose = 1;         // print the VRAM budget and the load progress (tests: 0)
 
 static double now_sec(void) {
     struct timespec ts;
@@ -223,7 +224,9 @@ typedef struct {
     GGUF *g;
 } Cursor;
 
-static int cmp_cstr(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+static int cmp_cstr(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
 // Copy into dup the first name that two of the n entries share and return 1, or return 0 when all
 // differ; frees names. Sorting keeps it O(n log n): a file's key and tensor counts are bounded only
 // by its size (a pairwise scan took a minute for 200k keys in a 4 MB file).
@@ -254,16 +257,33 @@ static const uint8_t *take(Cursor *c, uint64_t n, const char *what) {
     c->p += n;
     return p;
 }
-static uint32_t rd_u32(Cursor *c, const char *what) { uint32_t v; memcpy(&v, take(c, 4, what), 4); return v; }
-static int32_t rd_i32(Cursor *c, const char *what) { int32_t v; memcpy(&v, take(c, 4, what), 4); return v; }
-static uint64_t rd_u64(Cursor *c, const char *what) { uint64_t v; memcpy(&v, take(c, 8, what), 8); return v; }
-static int64_t rd_i64(Cursor *c, const char *what) { int64_t v; memcpy(&v, take(c, 8, what), 8); return v; }
+static uint32_t rd_u32(Cursor *c, const char *what) {
+    uint32_t v;
+    memcpy(&v, take(c, 4, what), 4);
+    return v;
+}
+static int32_t rd_i32(Cursor *c, const char *what) {
+    int32_t v;
+    memcpy(&v, take(c, 4, what), 4);
+    return v;
+}
+static uint64_t rd_u64(Cursor *c, const char *what) {
+    uint64_t v;
+    memcpy(&v, take(c, 8, what), 8);
+    return v;
+}
+static int64_t rd_i64(Cursor *c, const char *what) {
+    int64_t v;
+    memcpy(&v, take(c, 8, what), 8);
+    return v;
+}
 
 // A GGUF string: returns a pointer to its bytes (not NUL-terminated) and its length.
 static const uint8_t *rd_str(Cursor *c, uint64_t *len, const char *what) {
     uint64_t n = rd_u64(c, what);
     if (n > GGUF_MAX_STRING_LENGTH)
-        gguf_fail(c->g, "%s: string length %llu is over the 1 GiB limit", what, (unsigned long long)n);
+        gguf_fail(c->g, "%s: string length %llu is over the 1 GiB limit", what,
+                  (unsigned long long)n);
     *len = n;
     return take(c, n, what);
 }
@@ -286,10 +306,10 @@ static const TypeTraits TYPE_TRAITS[GGML_TYPE_COUNT] = {
     /*20*/ {"IQ4_NL", 32, 18},  {"IQ3_S", 256, 110}, {"IQ2_S", 256, 82},  {"IQ4_XS", 256, 136},
     /*24*/ {"I8", 1, 1},        {"I16", 1, 2},       {"I32", 1, 4},       {"I64", 1, 8},
     /*28*/ {"F64", 1, 8},       {"IQ1_M", 256, 56},  {"BF16", 1, 2},
-    /*31*/ {"Q4_0_4_4 (removed)", 0, 0}, {"Q4_0_4_8 (removed)", 0, 0}, {"Q4_0_8_8 (removed)", 0, 0},
-    /*34*/ {"TQ1_0", 256, 54},  {"TQ2_0", 256, 66},
-    /*36*/ {"IQ4_NL_4_4 (removed)", 0, 0}, {"IQ4_NL_4_8 (removed)", 0, 0}, {"IQ4_NL_8_8 (removed)", 0, 0},
-    /*39*/ {"MXFP4", 32, 17},
+    /*31*/ {"Q4_0_4_4 (removed)", 0, 0}, {"Q4_0_4_8 (removed)", 0, 0},
+    /*33*/ {"Q4_0_8_8 (removed)", 0, 0}, {"TQ1_0", 256, 54},  {"TQ2_0", 256, 66},
+    /*36*/ {"IQ4_NL_4_4 (removed)", 0, 0}, {"IQ4_NL_4_8 (removed)", 0, 0},
+    /*38*/ {"IQ4_NL_8_8 (removed)", 0, 0}, {"MXFP4", 32, 17},
     /*40*/ {"NVFP4 (layout unknown to this reader)", 0, 0}, {"type 41 (unknown)", 0, 0},
     /*42*/ {"type 42 (unknown)", 0, 0},
 };
@@ -311,14 +331,17 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
 
     Cursor c = {base, base + size, g};
     const uint8_t *magic = take(&c, 4, "magic");
-    if (memcmp(magic, "GGUF", 4) != 0) gguf_fail(g, "not a GGUF file (magic bytes are not \"GGUF\")");
+    if (memcmp(magic, "GGUF", 4) != 0)
+        gguf_fail(g, "not a GGUF file (magic bytes are not \"GGUF\")");
 
     g->version = rd_u32(&c, "version");
     if (g->version == 0) gguf_fail(g, "version 0 is invalid");
     if ((g->version & 0xffff) == 0)
-        gguf_fail(g, "version %u looks byte-swapped: big-endian GGUF files are not supported", g->version);
+        gguf_fail(g, "version %u looks byte-swapped: big-endian GGUF files are not supported",
+                  g->version);
     if (g->version == 1) gguf_fail(g, "GGUF version 1 is not supported (only 2 and 3)");
-    if (g->version > 3) gguf_fail(g, "GGUF version %u is newer than this reader (2 and 3)", g->version);
+    if (g->version > 3)
+        gguf_fail(g, "GGUF version %u is newer than this reader (2 and 3)", g->version);
 
     int64_t n_tensors = rd_i64(&c, "n_tensors");
     int64_t n_kv = rd_i64(&c, "n_kv");
@@ -326,7 +349,8 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
     // at least 8+4+4+8 (an empty name, no dims): bounding the counts by the file size keeps the
     // allocations below honest.
     if (n_tensors < 0 || (uint64_t)n_tensors > size / 24)
-        gguf_fail(g, "n_tensors = %lld is impossible for a file of %zu bytes", (long long)n_tensors, size);
+        gguf_fail(g, "n_tensors = %lld is impossible for a file of %zu bytes", (long long)n_tensors,
+                  size);
     if (n_kv < 0 || (uint64_t)n_kv > size / 13)
         gguf_fail(g, "n_kv = %lld is impossible for a file of %zu bytes", (long long)n_kv, size);
 
@@ -342,7 +366,8 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
         memcpy(kv->key, k, klen);
         kv->key[klen] = 0;
         g->n_kv = i + 1; // from here on gguf_close frees this key
-        if (strlen(kv->key) != klen) gguf_fail(g, "metadata key #%lld contains a NUL byte", (long long)i);
+        if (strlen(kv->key) != klen)
+            gguf_fail(g, "metadata key #%lld contains a NUL byte", (long long)i);
 
         kv->type = rd_i32(&c, kv->key);
         if (kv->type < 0 || kv->type >= GGUF_TYPE_COUNT)
@@ -363,8 +388,8 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
             kv->data = c.p;
             if (kv->arr_type == GGUF_TYPE_STRING) {
                 if (kv->n * 8 > left)
-                    gguf_fail(g, "key '%s': %llu strings cannot fit in the %llu bytes left", kv->key,
-                              (unsigned long long)kv->n, (unsigned long long)left);
+                    gguf_fail(g, "key '%s': %llu strings cannot fit in the %llu bytes left",
+                              kv->key, (unsigned long long)kv->n, (unsigned long long)left);
                 for (uint64_t j = 0; j < kv->n; j++) {
                     uint64_t len;
                     rd_str(&c, &len, kv->key); // bounds each element; the bytes stay in the map
@@ -372,8 +397,8 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
             } else {
                 uint64_t esz = GGUF_TYPE_SIZE[kv->arr_type];
                 if (kv->n * esz > left)
-                    gguf_fail(g, "key '%s': array of %llu x %s needs %llu bytes, %llu left", kv->key,
-                              (unsigned long long)kv->n, GGUF_TYPE_NAME[kv->arr_type],
+                    gguf_fail(g, "key '%s': array of %llu x %s needs %llu bytes, %llu left",
+                              kv->key, (unsigned long long)kv->n, GGUF_TYPE_NAME[kv->arr_type],
                               (unsigned long long)(kv->n * esz), (unsigned long long)left);
                 take(&c, kv->n * esz, kv->key);
             }
@@ -394,7 +419,8 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
     char dup[128];
     const char **names = (const char **)xmalloc((size_t)n_kv * sizeof *names);
     for (int64_t i = 0; i < n_kv; i++) names[i] = g->kv[i].key;
-    if (find_duplicate(names, n_kv, dup, sizeof dup)) gguf_fail(g, "duplicate metadata key '%s'", dup);
+    if (find_duplicate(names, n_kv, dup, sizeof dup))
+        gguf_fail(g, "duplicate metadata key '%s'", dup);
 
     // --- tensor infos ---
     g->tensors = (GGUFTensor *)xcalloc((size_t)n_tensors, sizeof(GGUFTensor));
@@ -408,10 +434,12 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
                       (unsigned long long)nlen);
         memcpy(t->name, name, nlen);
         t->name[nlen] = 0;
-        if (strlen(t->name) != nlen) gguf_fail(g, "tensor #%lld: name contains a NUL byte", (long long)i);
+        if (strlen(t->name) != nlen)
+            gguf_fail(g, "tensor #%lld: name contains a NUL byte", (long long)i);
 
         uint32_t n_dims = rd_u32(&c, t->name);
-        if (n_dims > GGUF_MAX_DIMS) gguf_fail(g, "tensor '%s': n_dims = %u, at most 4", t->name, n_dims);
+        if (n_dims > GGUF_MAX_DIMS)
+            gguf_fail(g, "tensor '%s': n_dims = %u, at most 4", t->name, n_dims);
         t->n_dims = (int)n_dims;
         for (int d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
         for (uint32_t d = 0; d < n_dims; d++) {
@@ -420,8 +448,8 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
                 gguf_fail(g, "tensor '%s': dimension %u is %lld (must be at least 1)", t->name, d,
                           (long long)t->ne[d]);
             if (t->ne[d] > INT32_MAX) // the engine keeps row counts and row lengths in ints
-                gguf_fail(g, "tensor '%s': dimension %u is %lld (at most %d)", t->name, d, (long long)t->ne[d],
-                          INT32_MAX);
+                gguf_fail(g, "tensor '%s': dimension %u is %lld (at most %d)", t->name, d,
+                          (long long)t->ne[d], INT32_MAX);
         }
         // element count must fit in int64
         if (INT64_MAX / t->ne[1] <= t->ne[0] || INT64_MAX / t->ne[2] <= t->ne[0] * t->ne[1] ||
@@ -432,24 +460,28 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
         if (t->type < 0 || t->type >= GGML_TYPE_COUNT)
             gguf_fail(g, "tensor '%s': invalid ggml type id %d", t->name, t->type);
         const TypeTraits *tt = &TYPE_TRAITS[t->type];
-        if (tt->blck == 0) gguf_fail(g, "tensor '%s': type %d (%s) is not supported", t->name, t->type, tt->name);
+        if (tt->blck == 0)
+            gguf_fail(g, "tensor '%s': type %d (%s) is not supported", t->name, t->type, tt->name);
         if (t->ne[0] % tt->blck != 0)
-            gguf_fail(g, "tensor '%s': row length %lld is not a multiple of the %s block size %d", t->name,
-                      (long long)t->ne[0], tt->name, tt->blck);
+            gguf_fail(g, "tensor '%s': row length %lld is not a multiple of the %s block size %d",
+                      t->name, (long long)t->ne[0], tt->name, tt->blck);
         uint64_t nblocks = (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]) / tt->blck;
-        if (nblocks > SIZE_MAX / tt->type_size) gguf_fail(g, "tensor '%s': byte size overflows", t->name);
+        if (nblocks > SIZE_MAX / tt->type_size)
+            gguf_fail(g, "tensor '%s': byte size overflows", t->name);
         t->nbytes = (size_t)(nblocks * tt->type_size);
         t->offset = rd_u64(&c, t->name);
     }
     names = (const char **)xmalloc((size_t)n_tensors * sizeof *names);
     for (int64_t i = 0; i < n_tensors; i++) names[i] = g->tensors[i].name;
-    if (find_duplicate(names, n_tensors, dup, sizeof dup)) gguf_fail(g, "duplicate tensor name '%s'", dup);
+    if (find_duplicate(names, n_tensors, dup, sizeof dup))
+        gguf_fail(g, "duplicate tensor name '%s'", dup);
 
     // --- data blob: starts at the next multiple of the alignment ---
     size_t pos = (size_t)(c.p - base);
     size_t data_offset = (pos + g->alignment - 1) / g->alignment * g->alignment;
     if (data_offset > size && n_tensors > 0)
-        gguf_fail(g, "the data section would start at %zu, past the end of the %zu-byte file", data_offset, size);
+        gguf_fail(g, "the data section would start at %zu, past the end of the %zu-byte file",
+                  data_offset, size);
     g->data_offset = data_offset;
 
     // Offsets must be exactly contiguous (each tensor padded to the alignment), and every tensor
@@ -458,18 +490,22 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
     for (int64_t i = 0; i < n_tensors; i++) {
         GGUFTensor *t = &g->tensors[i];
         if (t->offset != expect)
-            gguf_fail(g, "tensor '%s': offset %llu, expected %llu (tensors must be contiguous)", t->name,
-                      (unsigned long long)t->offset, (unsigned long long)expect);
+            gguf_fail(g, "tensor '%s': offset %llu, expected %llu (tensors must be contiguous)",
+                      t->name, (unsigned long long)t->offset, (unsigned long long)expect);
         uint64_t padded = ((uint64_t)t->nbytes + g->alignment - 1) / g->alignment * g->alignment;
-        if (padded < t->nbytes || expect + padded < expect) gguf_fail(g, "tensor '%s': size overflows", t->name);
-        if (t->offset > size || data_offset > size - t->offset || t->nbytes > size - data_offset - t->offset)
-            gguf_fail(g, "tensor '%s': %zu bytes at offset %llu run past the end of the file (%zu bytes): "
-                      "truncated download?", t->name, t->nbytes, (unsigned long long)(data_offset + t->offset), size);
+        if (padded < t->nbytes || expect + padded < expect)
+            gguf_fail(g, "tensor '%s': size overflows", t->name);
+        if (t->offset > size || data_offset > size - t->offset ||
+            t->nbytes > size - data_offset - t->offset)
+            gguf_fail(g, "tensor '%s': %zu bytes at offset %llu run past the end of the file "
+                      "(%zu bytes): truncated download?", t->name, t->nbytes,
+                      (unsigned long long)(data_offset + t->offset), size);
         // the file is mapped at a page boundary and its blocks are read in place (fp16 scales, fp32
         // norms): a tensor must start on 4 bytes, as it does with any alignment of 4 or more
         if ((data_offset + t->offset) % 4 != 0)
-            gguf_fail(g, "tensor '%s': its data at file offset %llu is not 4-byte aligned (general.alignment = %u)",
-                      t->name, (unsigned long long)(data_offset + t->offset), g->alignment);
+            gguf_fail(g, "tensor '%s': its data at file offset %llu is not 4-byte aligned "
+                      "(general.alignment = %u)", t->name,
+                      (unsigned long long)(data_offset + t->offset), g->alignment);
         t->data = base + data_offset + t->offset;
         expect += padded;
     }
@@ -543,8 +579,8 @@ static const GGUFKV *gguf_need(const GGUF *g, const char *key, int type) {
     const GGUFKV *kv = gguf_find(g, key);
     if (!kv) return NULL;
     if (kv->type != type)
-        die("metadata key '%s' has the wrong type: expected %s, found %s", key, GGUF_TYPE_NAME[type],
-            GGUF_TYPE_NAME[kv->type]);
+        die("metadata key '%s' has the wrong type: expected %s, found %s", key,
+            GGUF_TYPE_NAME[type], GGUF_TYPE_NAME[kv->type]);
     return kv;
 }
 
@@ -598,14 +634,16 @@ static int gguf_int_or_arr(const GGUF *g, const char *key, int32_t *out, int n, 
         for (int i = 0; i < n; i++) out[i] = v;
         return 1;
     }
-    if (kv->type == GGUF_TYPE_ARRAY && (kv->arr_type == GGUF_TYPE_U32 || kv->arr_type == GGUF_TYPE_I32)) {
+    if (kv->type == GGUF_TYPE_ARRAY &&
+        (kv->arr_type == GGUF_TYPE_U32 || kv->arr_type == GGUF_TYPE_I32)) {
         if (kv->n != (uint64_t)n && kv->n != (uint64_t)n_all)
-            die("metadata key '%s' has %llu entries, expected %d (or %d)", key, (unsigned long long)kv->n, n, n_all);
+            die("metadata key '%s' has %llu entries, expected %d (or %d)", key,
+                (unsigned long long)kv->n, n, n_all);
         memcpy(out, kv->data, (size_t)n * 4); // the first n: the layers that run
         return 1;
     }
-    die("metadata key '%s' has the wrong type: expected u32/i32 or an array of them, found %s%s%s", key,
-        GGUF_TYPE_NAME[kv->type], kv->type == GGUF_TYPE_ARRAY ? " of " : "",
+    die("metadata key '%s' has the wrong type: expected u32/i32 or an array of them, found %s%s%s",
+        key, GGUF_TYPE_NAME[kv->type], kv->type == GGUF_TYPE_ARRAY ? " of " : "",
         kv->type == GGUF_TYPE_ARRAY ? GGUF_TYPE_NAME[kv->arr_type] : "");
     return 0;
 }
@@ -675,7 +713,10 @@ typedef struct { uint16_t d; uint8_t qs[16]; } block_iq4_nl;
 // (scales_l, two per byte) and 2 high bits (scales_h, two per sub-block).
 //   | d | scales_h (u16) | scales_l[4] | qs[128]: sub-block ib uses qs[16ib..] as in IQ4_NL |
 //   w[32ib + j] = d * (ls(ib) - 32) * kvalues[q]
-typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } block_iq4_xs;
+typedef struct {
+    uint16_t d, scales_h;
+    uint8_t scales_l[4], qs[128];
+} block_iq4_xs;
 // ls(ib), the 6-bit scale of sub-block ib (0..7)
 __host__ __device__ static inline int iq4_xs_ls(const block_iq4_xs *b, int ib) {
     return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
@@ -687,7 +728,10 @@ __host__ __device__ static inline int iq4_xs_ls(const block_iq4_xs *b, int ib) {
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
 // Q5_K: Q4_K plus a 5th bit: bit `sub` of qh[l] belongs to element l of sub-block `sub`.
 //   | d | dmin | scales[12] | qh[32] | qs[128] |
-typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } block_q5_K;
+typedef struct {
+    uint16_t d, dmin;
+    uint8_t scales[12], qh[32], qs[128];
+} block_q5_K;
 // Q6_K: 256 weights = 16 groups of 16 with int8 scales; 4 low bits in ql, 2 high bits in qh.
 //   | ql[128] | qh[64] | scales[16] int8 | d |        (d is last)       w = d * sc * (q6 - 32)
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } block_q6_K;
@@ -740,7 +784,8 @@ __host__ __device__ __forceinline__ void dequant_unit(int type, const uint8_t *r
                                                       int n_in, int f16_scales) {
     switch (type) {
     case GGML_TYPE_F32:
-        for (int j = 0; j < 32; j++) w[j] = 32 * u + j < n_in ? ((const float *)row)[32 * u + j] : 0;
+        for (int j = 0; j < 32; j++)
+            w[j] = 32 * u + j < n_in ? ((const float *)row)[32 * u + j] : 0;
         break;
     case GGML_TYPE_F16: case GGML_TYPE_BF16:
         for (int j = 0; j < 32; j++) {
@@ -794,7 +839,7 @@ __host__ __device__ __forceinline__ void dequant_unit(int type, const uint8_t *r
         }
         break;
     }
-    case GGML_TYPE_IQ4_XS: { // sub-block ib = u % 8 of a super-block: w = d * (ls - 32) * kvalues[q]
+    case GGML_TYPE_IQ4_XS: { // sub-block ib = u % 8: w = d * (ls - 32) * kvalues[q]
         const block_iq4_xs *b = (const block_iq4_xs *)row + u / 8;
         int ib = u % 8;
         float dl = fp16_to_f32(b->d) * (iq4_xs_ls(b, ib) - 32);
@@ -815,7 +860,8 @@ __host__ __device__ __forceinline__ void dequant_unit(int type, const uint8_t *r
         const uint8_t *q = (five ? b5->qs : b4->qs) + 32 * (sub / 2);
         int sc, m;
         k_scale_min(sub, five ? b5->scales : b4->scales, &sc, &m);
-        float d = fp16_to_f32(five ? b5->d : b4->d) * sc, dm = fp16_to_f32(five ? b5->dmin : b4->dmin) * m;
+        float d = fp16_to_f32(five ? b5->d : b4->d) * sc,
+              dm = fp16_to_f32(five ? b5->dmin : b4->dmin) * m;
         for (int l = 0; l < 32; l++)
             w[l] = d * (((q[l] >> shift) & 0xf) + (five ? 16 * ((b5->qh[l] >> sub) & 1) : 0)) - dm;
         break;
@@ -865,7 +911,7 @@ typedef enum { ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN35 } Arch;
 typedef enum { LAYER_ATTENTION, LAYER_DELTANET } LayerKind;
 
 #define MAX_LAYERS 256
-#define MAX_VOCAB (1 << 24) // tokens (and merges) at most: ids, ranks and logit sizes are 32-bit ints
+#define MAX_VOCAB (1 << 24) // tokens (and merges) at most: ids, ranks, logit sizes are 32-bit ints
 
 typedef struct {
     Arch arch;
@@ -874,7 +920,7 @@ typedef struct {
     int n_ff;              // FFN hidden width
     int n_layer;           // layers run in the main pass
     int n_head, n_head_kv; // query heads, key/value heads (GQA: n_head % n_head_kv == 0)
-    int head_dim;          // per-head width of q and k (key_length); qwen3: n_head*head_dim may != n_embd
+    int head_dim;          // width of a q or k head (key_length); n_head*head_dim may be != n_embd
     int n_rot;             // RoPE is applied to the first n_rot dims of each head (NEOX pairing)
     int n_vocab;
     int n_ctx_train;
@@ -909,7 +955,7 @@ typedef struct {
     int64_t n_in, n_out;   // ne[0], ne[1]
     const uint8_t *host;   // (n_out, row_bytes(type, n_in)) in the mapped file
     size_t nbytes;
-    void *dev;             // device copy: the file's rows, or (planes = 1) the plane layout; NULL if not uploaded
+    void *dev;             // device copy: the file's rows, or the planes (6.3); NULL: not uploaded
     int planes;            // 1: the device copy is in the plane layout of the fast mat-vecs (6.3)
     StepOrder so;          // planes only: the order of their units (6.3; so.upw = 0: row by row)
 } Tensor;
@@ -917,13 +963,13 @@ typedef struct {
 typedef struct {
     Tensor attn_norm;          // (n_embd) f32
     // attention layers
-    Tensor wq;                 // (n_head*head_dim, n_embd); qwen35: (n_head*2*head_dim) = per head [q | gate]
+    Tensor wq;                 // (n_head*head_dim, n_embd); qwen35: per head [q | gate], 2*head_dim
     Tensor wk, wv;             // (n_head_kv*head_dim, n_embd)
     Tensor bq, bk, bv;         // (n_head*head_dim), (n_head_kv*head_dim) f32, qwen2 only (optional)
     Tensor q_norm, k_norm;     // (head_dim) f32, qwen3/qwen35: RMSNorm of each q/k head before RoPE
     Tensor wo;                 // (n_embd, n_head*head_dim)
     // Gated DeltaNet layers (qwen35), S = ssm_state, conv_dim = 2*Hk*S + Hv*S
-    Tensor wqkv;               // (conv_dim, n_embd) "attn_qkv": rows [q (Hk*S) | k (Hk*S) | v (Hv*S)]
+    Tensor wqkv;               // (conv_dim, n_embd) "attn_qkv": rows [q Hk*S | k Hk*S | v Hv*S]
     Tensor wz;                 // (Hv*S, n_embd) "attn_gate": z, the output gate
     Tensor conv1d;             // (conv_dim, 4) f32: w[c*4 + i], i = 0 oldest tap
     Tensor dt_bias;            // (Hv) f32 "ssm_dt.bias"
@@ -965,7 +1011,8 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     c->n_ctx_train = (int)gguf_u32(g, KEY("context_length"), 1, 0);
     c->n_embd = (int)gguf_u32(g, KEY("embedding_length"), 1, 0);
     int n_layer_all = (int)gguf_u32(g, KEY("block_count"), 1, 0);
-    if (n_layer_all < 1 || n_layer_all > MAX_LAYERS) die("%s = %d: must be 1..%d", key, n_layer_all, MAX_LAYERS);
+    if (n_layer_all < 1 || n_layer_all > MAX_LAYERS)
+        die("%s = %d: must be 1..%d", key, n_layer_all, MAX_LAYERS);
     // qwen35 may append multi-token-prediction blocks after the trunk; they are not run
     uint32_t n_nextn = c->arch == ARCH_QWEN35 ? gguf_u32(g, KEY("nextn_predict_layers"), 0, 0) : 0;
     if (n_nextn >= (uint32_t)n_layer_all)
@@ -991,31 +1038,37 @@ static void config_from_gguf(Config *c, const GGUF *g) {
         for (int i = 1; i < n_layer; i++)
             if (per_layer[i] != c->n_head_kv) die("%s varies across layers: not supported", key);
     }
-    if (c->n_embd <= 0 || c->n_ff <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 || c->n_ctx_train <= 0)
-        die("model dimensions must be positive (embedding %d, ffn %d, heads %d/%d, context %d)", c->n_embd,
-            c->n_ff, c->n_head, c->n_head_kv, c->n_ctx_train);
+    if (c->n_embd <= 0 || c->n_ff <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 ||
+        c->n_ctx_train <= 0)
+        die("model dimensions must be positive (embedding %d, ffn %d, heads %d/%d, context %d)",
+            c->n_embd, c->n_ff, c->n_head, c->n_head_kv, c->n_ctx_train);
     if (c->n_head % c->n_head_kv != 0)
-        die("attention.head_count %d is not a multiple of head_count_kv %d", c->n_head, c->n_head_kv);
+        die("attention.head_count %d is not a multiple of head_count_kv %d", c->n_head,
+            c->n_head_kv);
     // Bounds far above any Qwen model (the largest: embedding 8192, ffn 29568, 64 heads of 128)
     // that keep every size computed from them inside 32-bit ints, whether or not a tensor's shape
-    // checks them later (a qwen35 file without attention layers has no tensor sized by the head
-    // count).
+    // checks them later (a qwen35 file without attention layers has no tensor sized by the heads).
     if (c->n_embd > (1 << 20) || c->n_ff > (1 << 20) || c->n_head > 4096)
-        die("model dimensions out of range (embedding %d, ffn %d, heads %d): at most 2^20, 2^20 and 4096", c->n_embd,
-            c->n_ff, c->n_head);
+        die("model dimensions out of range (embedding %d, ffn %d, heads %d): at most 2^20, 2^20 "
+            "and 4096", c->n_embd, c->n_ff, c->n_head);
 
-    c->head_dim = (int)gguf_u32(g, KEY("attention.key_length"), 0, (uint32_t)(c->n_embd / c->n_head));
-    int head_dim_v = (int)gguf_u32(g, KEY("attention.value_length"), 0, (uint32_t)(c->n_embd / c->n_head));
-    if (head_dim_v != c->head_dim) die("key_length %d != value_length %d: not supported", c->head_dim, head_dim_v);
+    c->head_dim =
+        (int)gguf_u32(g, KEY("attention.key_length"), 0, (uint32_t)(c->n_embd / c->n_head));
+    int head_dim_v =
+        (int)gguf_u32(g, KEY("attention.value_length"), 0, (uint32_t)(c->n_embd / c->n_head));
+    if (head_dim_v != c->head_dim)
+        die("key_length %d != value_length %d: not supported", c->head_dim, head_dim_v);
     if (c->head_dim <= 0 || c->head_dim > 512 || c->head_dim % 2)
         die("attention.key_length = %d: must be even and at most 512", c->head_dim);
     if (c->n_head * c->head_dim > (1 << 20))
         die("%d heads of %d: more than 2^20 query values", c->n_head, c->head_dim);
     c->n_rot = (int)gguf_u32(g, KEY("rope.dimension_count"), 0, (uint32_t)c->head_dim);
     if (c->arch != ARCH_QWEN35 && c->n_rot != c->head_dim)
-        die("%s.rope.dimension_count = %d, but %s rotates the whole head (%d)", arch, c->n_rot, arch, c->head_dim);
+        die("%s.rope.dimension_count = %d, but %s rotates the whole head (%d)", arch, c->n_rot,
+            arch, c->head_dim);
     if (c->n_rot <= 0 || c->n_rot > c->head_dim || c->n_rot % 2)
-        die("%s.rope.dimension_count = %d: must be even and at most the head dim %d", arch, c->n_rot, c->head_dim);
+        die("%s.rope.dimension_count = %d: must be even and at most the head dim %d", arch,
+            c->n_rot, c->head_dim);
     c->rope_base = gguf_f32(g, KEY("rope.freq_base"), 0, 10000.0f);
     c->rope_freq_scale = 1.0f;
     if (gguf_str(g, KEY("rope.scaling.type"), buf, sizeof buf) && strcmp(buf, "none") != 0 &&
@@ -1037,7 +1090,8 @@ static void config_from_gguf(Config *c, const GGUF *g) {
         // position, which is plain NEOX RoPE on the first n_rot dims
         const GGUFKV *sec = gguf_find(g, KEY("rope.dimension_sections"));
         if (!sec) die("required metadata key '%s' is missing", key);
-        if (sec->type == GGUF_TYPE_ARRAY && sec->n != 4) die("%s has %llu entries, expected 4", key, (unsigned long long)sec->n);
+        if (sec->type == GGUF_TYPE_ARRAY && sec->n != 4)
+            die("%s has %llu entries, expected 4", key, (unsigned long long)sec->n);
         int interval = (int)gguf_u32(g, KEY("full_attention_interval"), 0, 4);
         if (interval < 1) die("%s = %d: must be at least 1", key, interval);
         int32_t all[MAX_LAYERS];
@@ -1051,15 +1105,18 @@ static void config_from_gguf(Config *c, const GGUF *g) {
         c->ssm_state = (int)gguf_u32(g, KEY("ssm.state_size"), 1, 0);
         c->ssm_v_heads = (int)gguf_u32(g, KEY("ssm.time_step_rank"), 1, 0);
         c->ssm_k_heads = (int)gguf_u32(g, KEY("ssm.group_count"), 1, 0);
-        if (c->ssm_conv != 4) die("%s.ssm.conv_kernel = %d: only 4 is supported", arch, c->ssm_conv);
+        if (c->ssm_conv != 4)
+            die("%s.ssm.conv_kernel = %d: only 4 is supported", arch, c->ssm_conv);
         if (c->ssm_state <= 0 || c->ssm_state > 256 || c->ssm_state % 32)
-            die("%s.ssm.state_size = %d: must be a multiple of 32, at most 256", arch, c->ssm_state);
-        if (c->ssm_k_heads <= 0 || c->ssm_v_heads <= 0 || c->ssm_v_heads > 4096 || c->ssm_v_heads % c->ssm_k_heads)
-            die("%s.ssm: %d value heads must be a multiple of %d key heads, at most 4096", arch, c->ssm_v_heads,
-                c->ssm_k_heads);
+            die("%s.ssm.state_size = %d: must be a multiple of 32, at most 256", arch,
+                c->ssm_state);
+        if (c->ssm_k_heads <= 0 || c->ssm_v_heads <= 0 || c->ssm_v_heads > 4096 ||
+            c->ssm_v_heads % c->ssm_k_heads)
+            die("%s.ssm: %d value heads must be a multiple of %d key heads, at most 4096", arch,
+                c->ssm_v_heads, c->ssm_k_heads);
         if ((int64_t)c->ssm_inner != (int64_t)c->ssm_state * c->ssm_v_heads)
-            die("%s.ssm.inner_size = %d, expected state_size x time_step_rank = %lld", arch, c->ssm_inner,
-                (long long)c->ssm_state * c->ssm_v_heads);
+            die("%s.ssm.inner_size = %d, expected state_size x time_step_rank = %lld", arch,
+                c->ssm_inner, (long long)c->ssm_state * c->ssm_v_heads);
     }
     c->n_kv_layers = c->n_gdn_layers = 0;
     for (int i = 0; i < n_layer; i++) {
@@ -1072,7 +1129,8 @@ static void config_from_gguf(Config *c, const GGUF *g) {
 
 // Look a tensor up by name and check it against the expected {n_in, n_out} (n_out = 1: a vector).
 // A missing required tensor, a wrong shape or an unsupported type is an error naming the tensor.
-static Tensor find_tensor(const GGUF *g, const char *name, int64_t n_in, int64_t n_out, int required) {
+static Tensor find_tensor(const GGUF *g, const char *name, int64_t n_in, int64_t n_out,
+                          int required) {
     Tensor t;
     memset(&t, 0, sizeof t);
     const GGUFTensor *gt = gguf_tensor(g, name);
@@ -1081,12 +1139,12 @@ static Tensor find_tensor(const GGUF *g, const char *name, int64_t n_in, int64_t
         return t;
     }
     if (gt->ne[0] != n_in || gt->ne[1] != n_out || gt->ne[2] != 1 || gt->ne[3] != 1)
-        die("tensor '%s' has the wrong shape: expected {%lld, %lld}, found {%lld, %lld, %lld, %lld}", name,
-            (long long)n_in, (long long)n_out, (long long)gt->ne[0], (long long)gt->ne[1],
-            (long long)gt->ne[2], (long long)gt->ne[3]);
+        die("tensor '%s' has the wrong shape: expected {%lld, %lld}, "
+            "found {%lld, %lld, %lld, %lld}", name, (long long)n_in, (long long)n_out,
+            (long long)gt->ne[0], (long long)gt->ne[1], (long long)gt->ne[2], (long long)gt->ne[3]);
     if (!type_supported(gt->type))
-        die("tensor '%s' has type %s, which qwen.cu does not support (supported: F32 F16 BF16 Q4_0 Q4_1 "
-            "Q5_0 Q5_1 Q8_0 IQ4_NL IQ4_XS Q4_K Q5_K Q6_K)", name, type_name(gt->type));
+        die("tensor '%s' has type %s, which qwen.cu does not support (supported: F32 F16 BF16 "
+            "Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4_NL IQ4_XS Q4_K Q5_K Q6_K)", name, type_name(gt->type));
     t.name = gt->name;
     t.type = gt->type;
     t.n_in = n_in;
@@ -1101,7 +1159,8 @@ static Tensor find_tensor(const GGUF *g, const char *name, int64_t n_in, int64_t
 static Tensor find_vector(const GGUF *g, const char *name, int64_t n, int required) {
     Tensor t = find_tensor(g, name, n, 1, required);
     if (t.name && t.type != GGML_TYPE_F32)
-        die("tensor '%s' has type %s; norm weights and biases must be F32", name, type_name(t.type));
+        die("tensor '%s' has type %s; norm weights and biases must be F32", name,
+            type_name(t.type));
     return t;
 }
 
@@ -1114,17 +1173,18 @@ static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
     if (!emb) die("required tensor 'token_embd.weight' is missing from the file");
     V = emb->ne[1];
     if (V > MAX_VOCAB)
-        die("token_embd.weight: a vocabulary of %lld tokens, more than the %d this engine takes", (long long)V, MAX_VOCAB);
+        die("token_embd.weight: a vocabulary of %lld tokens, more than the %d this engine takes",
+            (long long)V, MAX_VOCAB);
     w->token_embd = find_tensor(g, "token_embd.weight", E, V, 1);
     w->output_norm = find_vector(g, "output_norm.weight", E, 1);
     w->output = find_tensor(g, "output.weight", E, V, 0);
     if (!w->output.name) w->output = w->token_embd; // tied embeddings
     if (c->arch == ARCH_QWEN2) w->output_bias = find_vector(g, "output.bias", V, 0);
 
-#define T(field, suffix, n_in, n_out, req) \
-    (snprintf(name, sizeof name, "blk.%d." suffix, l), L->field = find_tensor(g, name, n_in, n_out, req))
-#define VEC(field, suffix, n, req) \
-    (snprintf(name, sizeof name, "blk.%d." suffix, l), L->field = find_vector(g, name, n, req))
+#define BLK(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+#define T(field, suffix, n_in, n_out, req)                                                         \
+    (L->field = find_tensor(g, BLK(suffix), n_in, n_out, req))
+#define VEC(field, suffix, n, req) (L->field = find_vector(g, BLK(suffix), n, req))
     int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads;
     int64_t conv_dim = 2LL * Hk * S + (int64_t)Hv * S;
     for (int l = 0; l < c->n_layer; l++) {
@@ -1135,7 +1195,8 @@ static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
             T(wz, "attn_gate.weight", E, (int64_t)Hv * S, 1);
             snprintf(name, sizeof name, "blk.%d.ssm_conv1d.weight", l);
             L->conv1d = find_tensor(g, name, c->ssm_conv, conv_dim, 1);
-            if (L->conv1d.type != GGML_TYPE_F32) die("tensor '%s' has type %s; expected F32", name, type_name(L->conv1d.type));
+            if (L->conv1d.type != GGML_TYPE_F32)
+                die("tensor '%s' has type %s; expected F32", name, type_name(L->conv1d.type));
             VEC(dt_bias, "ssm_dt.bias", Hv, 1);
             VEC(ssm_a, "ssm_a", Hv, 1);
             T(w_beta, "ssm_beta.weight", E, Hv, 1);
@@ -1164,6 +1225,7 @@ static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
     }
 #undef T
 #undef VEC
+#undef BLK
 }
 
 // Read the config and find every weight of an opened file. Exits with a message on any error.
@@ -1209,7 +1271,9 @@ typedef struct {
     float *ssm_state;    // (n_gdn_layers, Hv, S, S) state[hv][j][i], j = value index, i = key index
 } CpuState;
 
-static size_t gdn_conv_dim(const Config *c) { return 2 * (size_t)c->ssm_k_heads * c->ssm_state + (size_t)c->ssm_inner; }
+static size_t gdn_conv_dim(const Config *c) {
+    return 2 * (size_t)c->ssm_k_heads * c->ssm_state + (size_t)c->ssm_inner;
+}
 
 static void cpu_state_init(CpuState *s, const Config *c, int n_ctx) {
     size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
@@ -1242,10 +1306,10 @@ static void cpu_state_init(CpuState *s, const Config *c, int n_ctx) {
 }
 
 static void cpu_state_free(CpuState *s) {
-    free(s->x); free(s->xb); free(s->q); free(s->qg); free(s->k); free(s->v); free(s->att_out); free(s->att);
-    free(s->hb); free(s->hb2); free(s->logits); free(s->row); free(s->key_cache); free(s->value_cache);
-    free(s->mixed); free(s->z); free(s->beta); free(s->alpha); free(s->gdn_out); free(s->conv_state);
-    free(s->ssm_state);
+    float *all[] = {s->x, s->xb, s->q, s->qg, s->k, s->v, s->att_out, s->att, s->hb, s->hb2,
+                    s->logits, s->row, s->mixed, s->z, s->key_cache, s->value_cache, s->beta,
+                    s->alpha, s->gdn_out, s->conv_state, s->ssm_state};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
 // y = W x (+ bias) (+ y when accumulate): one dequantized row at a time.
@@ -1271,15 +1335,16 @@ static void rmsnorm_c(float *out, const float *x, const float *w, int n, float e
 
 // (cos, sin) of the RoPE angle theta_i = pos * freq_scale * base^(-2i/n_rot), in double; the one
 // formula of the C path, the prompt's RoPE kernel and the per-token angles of the decode.
-__host__ __device__ static inline float2 rope_angle(int pos, int i, int n_rot, float base, float freq_scale) {
+__host__ __device__ static inline float2 rope_angle(int pos, int i, int n_rot, float base,
+                                                    float freq_scale) {
     double theta = (double)pos * freq_scale * pow((double)base, -2.0 * i / n_rot);
     return make_float2((float)cos(theta), (float)sin(theta));
 }
 
 // NEOX-style RoPE on each of n_heads heads: for i < n_rot/2 the pair (x[i], x[i + n_rot/2]) is
 // rotated by theta_i (rope_angle); dims >= n_rot are left alone.
-static void rope_neox_c(float *v /* (n_heads, head_dim) */, int n_heads, int head_dim, int n_rot, int pos,
-                        float base, float freq_scale) {
+static void rope_neox_c(float *v /* (n_heads, head_dim) */, int n_heads, int head_dim, int n_rot,
+                        int pos, float base, float freq_scale) {
     int half = n_rot / 2;
     for (int i = 0; i < half; i++) {
         float2 a = rope_angle(pos, i, n_rot, base, freq_scale);
@@ -1301,9 +1366,11 @@ static float silu_c(float x) { return x / (1.0f + expf(-x)); }
 // roundings, q / sqrt(hd) and the probabilities p = fp16(exp(s - max)) (l = sum p). Sums in double.
 // mag (n_head, hd), if not NULL, gets sum_t p_t |v_t| / l: the size of the terms, the scale to
 // compare outputs against.
-static void attention_any_c(float *out /* (n_head, hd) */, float *mag, const float *q /* (n_head, hd) */,
-                            const float *kc /* (n_ctx, n_kv, hd) */, const float *vc /* (n_ctx, n_kv, hd) */,
-                            float *att /* (pos+1) */, int n_head, int n_kv, int hd, int pos, int fp16) {
+static void attention_any_c(float *out /* (n_head, hd) */, float *mag,
+                            const float *q /* (n_head, hd) */,
+                            const float *kc /* (n_ctx, n_kv, hd) */,
+                            const float *vc /* (n_ctx, n_kv, hd) */, float *att /* (pos+1) */,
+                            int n_head, int n_kv, int hd, int pos, int fp16) {
     int g = n_head / n_kv;
     float scale = 1.0f / sqrtf((float)hd);
     for (int h = 0; h < n_head; h++) {
@@ -1314,7 +1381,8 @@ static void attention_any_c(float *out /* (n_head, hd) */, float *mag, const flo
             const float *kt = kc + ((size_t)t * n_kv + kvh) * hd;
             double s = 0.0;
             if (fp16) {
-                for (int i = 0; i < hd; i++) s += (double)__half2float(__float2half(qh[i] * scale)) * kt[i];
+                for (int i = 0; i < hd; i++)
+                    s += (double)__half2float(__float2half(qh[i] * scale)) * kt[i];
                 att[t] = (float)s;
             } else {
                 for (int i = 0; i < hd; i++) s += (double)qh[i] * kt[i];
@@ -1340,12 +1408,13 @@ static void attention_any_c(float *out /* (n_head, hd) */, float *mag, const flo
         }
     }
 }
-static void attention_c(float *out, const float *q, const float *kc, const float *vc, float *att, int n_head, int n_kv,
-                        int hd, int pos) {
+static void attention_c(float *out, const float *q, const float *kc, const float *vc, float *att,
+                        int n_head, int n_kv, int hd, int pos) {
     attention_any_c(out, NULL, q, kc, vc, att, n_head, n_kv, hd, pos, 0);
 }
-static void attention_prefill_c(float *out, float *mag, const float *q, const float *kc, const float *vc, float *att,
-                                int n_head, int n_kv, int hd, int pos) {
+static void attention_prefill_c(float *out, float *mag, const float *q, const float *kc,
+                                const float *vc, float *att, int n_head, int n_kv, int hd,
+                                int pos) {
     attention_any_c(out, mag, q, kc, vc, att, n_head, n_kv, hd, pos, 1);
 }
 
@@ -1367,8 +1436,9 @@ __host__ __device__ static inline void gdn_gates(int hv, const float *beta_raw,
 // Causal depthwise conv over the last 4 inputs of each channel, then SiLU. cs (3, conv_dim) holds
 // the previous 3 inputs, oldest first, and is shifted by one.
 //   y[c] = silu(cs[0][c] w[c][0] + cs[1][c] w[c][1] + cs[2][c] w[c][2] + mixed[c] w[c][3])
-static void gdn_conv_c(float *y /* (conv_dim) */, const float *mixed /* (conv_dim) */, const float *w /* (conv_dim, 4) */,
-                       float *cs /* (3, conv_dim) */, int conv_dim) {
+static void gdn_conv_c(float *y /* (conv_dim) */, const float *mixed /* (conv_dim) */,
+                       const float *w /* (conv_dim, 4) */, float *cs /* (3, conv_dim) */,
+                       int conv_dim) {
     for (int c = 0; c < conv_dim; c++) {
         float win[4] = {cs[c], cs[conv_dim + c], cs[2 * conv_dim + c], mixed[c]};
         double sum = 0.0;
@@ -1390,8 +1460,8 @@ static void l2norm_c(float *v, int n, float eps) {
 
 // One step of the gated delta rule for one value head (S x S state M, row j = value index):
 //   M = M * exp(g);  delta = beta * (v - M k);  M = M + delta k^T;  o = M q / sqrt(S)
-static void gdn_step_c(float *M /* (S, S) */, const float *q /* (S) */, const float *k /* (S) */, const float *v /* (S) */,
-                       float g, float beta, float *o /* (S) */, int S) {
+static void gdn_step_c(float *M /* (S, S) */, const float *q /* (S) */, const float *k /* (S) */,
+                       const float *v /* (S) */, float g, float beta, float *o /* (S) */, int S) {
     float decay = expf(g);
     for (int j = 0; j < S; j++) {
         float *m = M + (size_t)j * S;
@@ -1429,14 +1499,16 @@ static void attention_block_cpu(const Model *m, CpuState *s, int l, int pos) {
     float *q = s->q;
     if (c->arch == ARCH_QWEN35) { // Wq rows per head: [q (hd) | gate (hd)]
         matvec_c(&L->wq, s->xb, s->qg, NULL, 0, s->row);
-        for (int h = 0; h < c->n_head; h++) memcpy(q + (size_t)h * hd, s->qg + (size_t)h * 2 * hd, hd * 4);
+        for (int h = 0; h < c->n_head; h++)
+            memcpy(q + (size_t)h * hd, s->qg + (size_t)h * 2 * hd, hd * 4);
     } else {
         matvec_c(&L->wq, s->xb, q, &L->bq, 0, s->row);
     }
     matvec_c(&L->wk, s->xb, s->k, &L->bk, 0, s->row);
     matvec_c(&L->wv, s->xb, s->v, &L->bv, 0, s->row);
     if (L->q_norm.name) { // RMSNorm over each head of q and k, before RoPE
-        for (int h = 0; h < c->n_head; h++) rmsnorm_c(q + h * hd, q + h * hd, (const float *)L->q_norm.host, hd, c->eps);
+        for (int h = 0; h < c->n_head; h++)
+            rmsnorm_c(q + h * hd, q + h * hd, (const float *)L->q_norm.host, hd, c->eps);
         for (int h = 0; h < c->n_head_kv; h++)
             rmsnorm_c(s->k + h * hd, s->k + h * hd, (const float *)L->k_norm.host, hd, c->eps);
     }
@@ -1449,7 +1521,8 @@ static void attention_block_cpu(const Model *m, CpuState *s, int l, int pos) {
     attention_c(s->att_out, q, kc, vc, s->att, c->n_head, c->n_head_kv, hd, pos);
     if (c->arch == ARCH_QWEN35)
         for (int h = 0; h < c->n_head; h++)
-            for (int d = 0; d < hd; d++) s->att_out[(size_t)h * hd + d] *= sigmoid_c(s->qg[(size_t)h * 2 * hd + hd + d]);
+            for (int d = 0; d < hd; d++)
+                s->att_out[(size_t)h * hd + d] *= sigmoid_c(s->qg[(size_t)h * 2 * hd + hd + d]);
     matvec_c(&L->wo, s->att_out, s->x, NULL, 1, s->row);
 }
 
@@ -1464,9 +1537,11 @@ static void deltanet_block_cpu(const Model *m, CpuState *s, int l) {
     matvec_c(&L->w_beta, s->xb, s->beta, NULL, 0, s->row);
     matvec_c(&L->w_alpha, s->xb, s->alpha, NULL, 0, s->row);
     float *cs = s->conv_state + (size_t)c->gdn_slot[l] * 3 * conv_dim;
-    gdn_conv_c(s->mixed, s->mixed, (const float *)L->conv1d.host, cs, conv_dim); // in place: y[c] needs only mixed[c]
+    // in place: y[c] needs only mixed[c]
+    gdn_conv_c(s->mixed, s->mixed, (const float *)L->conv1d.host, cs, conv_dim);
     float *q = s->mixed, *k = s->mixed + (size_t)Hk * S, *v = s->mixed + 2 * (size_t)Hk * S;
-    for (int h = 0; h < 2 * Hk; h++) l2norm_c(q + (size_t)h * S, S, c->eps); // q heads, then k heads
+    // q heads, then k heads
+    for (int h = 0; h < 2 * Hk; h++) l2norm_c(q + (size_t)h * S, S, c->eps);
     float *state = s->ssm_state + (size_t)c->gdn_slot[l] * Hv * S * S;
     const float *dt_bias = (const float *)L->dt_bias.host, *a = (const float *)L->ssm_a.host;
     for (int hv = 0; hv < Hv; hv++) {
@@ -1474,7 +1549,8 @@ static void deltanet_block_cpu(const Model *m, CpuState *s, int l) {
         float g, beta;
         gdn_gates(hv, s->beta, s->alpha, dt_bias, a, &g, &beta);
         float *o = s->gdn_out + (size_t)hv * S;
-        gdn_step_c(state + (size_t)hv * S * S, q + (size_t)hk * S, k + (size_t)hk * S, v + (size_t)hv * S, g, beta, o, S);
+        gdn_step_c(state + (size_t)hv * S * S, q + (size_t)hk * S, k + (size_t)hk * S,
+                   v + (size_t)hv * S, g, beta, o, S);
         gated_rmsnorm_c(o, s->z + (size_t)hv * S, (const float *)L->ssm_norm.host, S, c->eps);
     }
     matvec_c(&L->ssm_out, s->gdn_out, s->x, NULL, 1, s->row);
@@ -1629,8 +1705,8 @@ typedef struct {
 } Act;
 
 // C twin of the quantizer, one block of 32 values.
-static void quantize_block_c(const float *x /* (32) */, int8_t *H /* (32) */, int8_t *L /* (32) */, float *s /* (1) */,
-                             int *sum /* (1) */) {
+static void quantize_block_c(const float *x /* (32) */, int8_t *H /* (32) */, int8_t *L /* (32) */,
+                             float *s /* (1) */, int *sum /* (1) */) {
     float amax = 0.0f;
     for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
     float inv = amax > 0.0f ? XQ_MAX / amax : 0.0f;
@@ -1650,13 +1726,14 @@ static void quantize_block_c(const float *x /* (32) */, int8_t *H /* (32) */, in
 // C twin of the fast mat-vecs (6.5, 6.6): y = W x^ (+ bias) (+ y), the dequantized weights against
 // the dequantized 16-bit activations x^ = s * (256 H + L), summed in double.
 static void matvec_xq_c(const Tensor *W, const int8_t *H /* (n_in) */, const int8_t *L /* (n_in) */,
-                        const float *s /* (n_in/32) */, const float *bias /* (n_out) or NULL */, float *y /* (n_out) */,
-                        int accumulate, float *row /* (n_in) scratch */) {
+                        const float *s /* (n_in/32) */, const float *bias /* (n_out) or NULL */,
+                        float *y /* (n_out) */, int accumulate, float *row /* (n_in) scratch */) {
     size_t rb = row_bytes(W->type, W->n_in);
     for (int64_t r = 0; r < W->n_out; r++) {
         dequant_row(W->type, W->host + r * rb, row, W->n_in);
         double sum = 0.0;
-        for (int64_t i = 0; i < W->n_in; i++) sum += (double)row[i] * s[i / 32] * (256 * H[i] + L[i]);
+        for (int64_t i = 0; i < W->n_in; i++)
+            sum += (double)row[i] * s[i / 32] * (256 * H[i] + L[i]);
         if (bias) sum += bias[r];
         y[r] = accumulate ? y[r] + (float)sum : (float)sum;
     }
@@ -1727,7 +1804,8 @@ __host__ __device__ static inline StepWarps so_warps(StepOrder so) {
 }
 // the slot of the unit that warp w reads at step k
 __host__ __device__ static inline unsigned so_slot_kw(StepWarps sw, int k, int w) {
-    return (unsigned)(k * sw.nw - (k < sw.k0 ? k : sw.k0) - (k > sw.k1 ? k - sw.k1 : 0) + w - sw.w0 - (k < sw.k0));
+    return (unsigned)(k * sw.nw - (k < sw.k0 ? k : sw.k0) - (k > sw.k1 ? k - sw.k1 : 0) + w -
+                      sw.w0 - (k < sw.k0));
 }
 __host__ __device__ static inline unsigned so_slot(StepOrder so, int c) {
     int s = so.first + c;
@@ -1761,7 +1839,8 @@ __host__ __device__ static inline int iq4_plane_ls(uint32_t lo, uint32_t hi, int
 }
 
 static int is_fast_type(int t) {
-    return t == GGML_TYPE_Q4_0 || t == GGML_TYPE_IQ4_XS || t == GGML_TYPE_Q5_K || t == GGML_TYPE_Q6_K;
+    return t == GGML_TYPE_Q4_0 || t == GGML_TYPE_IQ4_XS || t == GGML_TYPE_Q5_K ||
+           t == GGML_TYPE_Q6_K;
 }
 // LAUNCH(T) with T the fast type `type` as a compile-time constant (kernels are templated on it)
 #define FAST_TYPE_SWITCH(type, LAUNCH)                          \
@@ -1777,8 +1856,8 @@ static int is_fast_type(int t) {
 // sub-blocks, which stay side by side in every order: rows are whole 32-sub-block chunks in step
 // order).
 __host__ __device__ static void repack_block(int type, const uint8_t *src /* one file block */,
-                                             uint8_t *dst /* the tensor's planes, NB sub-blocks */, size_t file_blk,
-                                             size_t NB, StepOrder so, int n_sub) {
+                                             uint8_t *dst /* the tensor's planes, NB sub-blocks */,
+                                             size_t file_blk, size_t NB, StepOrder so, int n_sub) {
     size_t g0 = type == GGML_TYPE_Q4_0 ? file_blk : 8 * file_blk; // its first sub-block, row by row
     size_t blk = plane_g(so, (int)(g0 / n_sub), (int)(g0 % n_sub), n_sub);
     if (type != GGML_TYPE_Q4_0) blk /= 8;                        // its place in the planes
@@ -1807,7 +1886,8 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src /* one
             int c = sub / 2, shift = 4 * (sub % 2);
             uint32_t qh = 0;
             for (int j = 0; j < 16; j++) {
-                int lo = (b->qs[32 * c + j] >> shift) & 0xf, hi = (b->qs[32 * c + 16 + j] >> shift) & 0xf;
+                int lo = (b->qs[32 * c + j] >> shift) & 0xf,
+                    hi = (b->qs[32 * c + 16 + j] >> shift) & 0xf;
                 dst[16 * g + j] = (uint8_t)(lo | (hi << 4));
             }
             for (int e = 0; e < 32; e++) qh |= (uint32_t)((b->qh[e] >> sub) & 1) << e;
@@ -1829,7 +1909,8 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src /* one
             uint8_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             for (int half = 0; half < 2; half++)
                 for (int m = 0; m < 4; m++)
-                    for (int bb = 0; bb < 4; bb++) w[4 * half + bb] |= (uint8_t)(hi2[16 * half + 4 * m + bb] << (2 * m));
+                    for (int bb = 0; bb < 4; bb++)
+                        w[4 * half + bb] |= (uint8_t)(hi2[16 * half + 4 * m + bb] << (2 * m));
             memcpy(dst + 16 * NB + 8 * g, w, 8);
         }
         memcpy(dst + 24 * NB + 16 * blk, b->scales, 16);
@@ -1837,15 +1918,18 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src /* one
     }
 }
 
-static void repack_c(int type, const uint8_t *src /* (n_blocks) file blocks */, uint8_t *dst /* planes, NB sub-blocks */,
-                     size_t n_blocks, size_t NB, StepOrder so, int n_sub) {
-    for (size_t i = 0; i < n_blocks; i++) repack_block(type, src + i * TYPE_TRAITS[type].type_size, dst, i, NB, so, n_sub);
+static void repack_c(int type, const uint8_t *src /* (n_blocks) file blocks */,
+                     uint8_t *dst /* planes, NB sub-blocks */, size_t n_blocks, size_t NB,
+                     StepOrder so, int n_sub) {
+    for (size_t i = 0; i < n_blocks; i++)
+        repack_block(type, src + i * TYPE_TRAITS[type].type_size, dst, i, NB, so, n_sub);
 }
 
 // The repack at upload, one thread per file block. C twin: repack_c.
-__global__ void repack_kernel(int type, int type_size, const uint8_t *src /* (n_blocks) file blocks */,
-                              uint8_t *dst /* planes, NB sub-blocks */, size_t b0, size_t n_blocks, size_t NB,
-                              StepOrder so, int n_sub) {
+__global__ void repack_kernel(int type, int type_size,
+                              const uint8_t *src /* (n_blocks) file blocks */,
+                              uint8_t *dst /* planes, NB sub-blocks */, size_t b0, size_t n_blocks,
+                              size_t NB, StepOrder so, int n_sub) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n_blocks) repack_block(type, src + i * type_size, dst, b0 + i, NB, so, n_sub);
 }
@@ -1866,11 +1950,14 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c
 // GPU-scope release/acquire fence (PTX fence.acq_rel.gpu, sm_70+). The mat-vecs' counters need no
 // more: a writer's stores, this fence, then its atomicAdd; a reader's atomicAdd that sees the
 // count, this fence, then its loads. __threadfence() is the sequentially consistent fence.sc.gpu.
-__device__ __forceinline__ void fence_acq_rel(void) { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ void fence_acq_rel(void) {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
 
 // ah += sum over 16 elements of q[e] * H[e], al += the same with L
 // (q: 4 words of int8; X = 256*H + L)
-__device__ __forceinline__ void dot16_acc(const int q[4], const int4 &H, const int4 &L, int &ah, int &al) {
+__device__ __forceinline__ void dot16_acc(const int q[4], const int4 &H, const int4 &L, int &ah,
+                                          int &al) {
     const int *h = (const int *)&H, *l = (const int *)&L;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -1918,7 +2005,9 @@ typedef struct {
 // register and load it again next to its use, undoing the loads in flight the kernels arrange.
 __device__ __forceinline__ int4 ldw(const int4 *p) {
     int4 v;
-    asm volatile("ld.global.cs.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    asm volatile("ld.global.cs.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
     return v;
 }
 __device__ __forceinline__ int2 ldw(const int2 *p) {
@@ -1944,17 +2033,22 @@ __device__ __forceinline__ unsigned short ldw(const unsigned short *p) {
 typedef struct { int a0, d0; } Iq4Lut;
 __device__ Iq4Lut d_iq4_lut = {(int)IQ4_A0, (int)IQ4_D0}; // never written: not const, so not folded
 
-template <int TYPE> __device__ WSub sub_load(const uint8_t *W /* planes, NB sub-blocks */, unsigned g, size_t NB);
-template <int TYPE> __device__ float sub_dot(const WSub &w, int sub, const XBlock &x, const Iq4Lut &lut);
+template <int TYPE>
+__device__ WSub sub_load(const uint8_t *W /* planes, NB sub-blocks */, unsigned g, size_t NB);
+template <int TYPE>
+__device__ float sub_dot(const WSub &w, int sub, const XBlock &x, const Iq4Lut &lut);
 
 // Q4_0: w = d * (q - 8)   ->   d * s * (sum q*X - 8 * sum X)
-template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_0>(const uint8_t *W, unsigned g, size_t NB) {
+template <>
+__device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_0>(const uint8_t *W, unsigned g, size_t NB) {
     WSub w;
     w.q = ldw((const int4 *)W + g);
     w.e = ldw((const unsigned short *)(W + 16 * NB) + g); // d
     return w;
 }
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const WSub &w, int, const XBlock &x, const Iq4Lut &) {
+template <>
+__device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const WSub &w, int, const XBlock &x,
+                                                         const Iq4Lut &) {
     float d = __half2float(__ushort_as_half((unsigned short)w.e));
     const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
@@ -1999,10 +2093,14 @@ __host__ __device__ __forceinline__ void iq4_lookup8(int w, int a0, int d0, int 
     *lo = (int)((uint32_t)prmt(a0, IQ4_A1, m) + (uint32_t)prmt(d0, IQ4_D1, w));
     *hi = (int)((uint32_t)prmt(a0, IQ4_A1, m >> 16) + (uint32_t)prmt(d0, IQ4_D1, w >> 16));
 }
-__host__ __device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) { iq4_lookup8(w, (int)IQ4_A0, (int)IQ4_D0, lo, hi); }
+__host__ __device__ __forceinline__ void iq4_lookup8(int w, int *lo, int *hi) {
+    iq4_lookup8(w, (int)IQ4_A0, (int)IQ4_D0, lo, hi);
+}
 
 // IQ4_XS: w = d * (ls - 32) * kvalues[q];  h.x, h.y = the super-block's header entry (d, 8 scales)
-template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, unsigned g, size_t NB) {
+template <>
+__device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, unsigned g,
+                                                           size_t NB) {
     WSub w;
     w.q = ldw((const int4 *)W + g);
     int2 hdr = ldw((const int2 *)(W + 16 * NB) + g / 8);
@@ -2010,7 +2108,9 @@ template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_XS>(const uin
     w.h.y = hdr.y;
     return w;
 }
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const WSub &w, int ib, const XBlock &x, const Iq4Lut &lut) {
+template <>
+__device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const WSub &w, int ib, const XBlock &x,
+                                                           const Iq4Lut &lut) {
     int ls = iq4_plane_ls((uint32_t)w.h.x, (uint32_t)w.h.y, ib);
     float d = __half2float(__ushort_as_half((unsigned short)(w.h.x & 0xffff)));
     const int *qw = (const int *)&w.q;
@@ -2028,20 +2128,24 @@ __device__ __forceinline__ int spread4_bit4(int t) { return (t * 0x02040810) & 0
 // h = the super-block header (d | dmin << 16, scales[0..3], [4..7], [8..11]), e = the 32 5th bits
 // k_scale_min on the header's words (registers, no byte array): s0, s1, s2 = scales[0..3], [4..7],
 // [8..11]; sub-block `sub` uses byte sub%4 of each.
-__device__ __forceinline__ void k_scale_min_words(int sub, uint32_t s0, uint32_t s1, uint32_t s2, int *sc, int *m) {
+__device__ __forceinline__ void k_scale_min_words(int sub, uint32_t s0, uint32_t s1, uint32_t s2,
+                                                  int *sc, int *m) {
     int shift = 8 * (sub % 4);
     int b0 = (s0 >> shift) & 0xff, b1 = (s1 >> shift) & 0xff, b2 = (s2 >> shift) & 0xff;
     *sc = sub < 4 ? b0 & 63 : (b2 & 0xf) | ((b0 >> 6) << 4);
     *m = sub < 4 ? b1 & 63 : (b2 >> 4) | ((b1 >> 6) << 4);
 }
-template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_K>(const uint8_t *W, unsigned g, size_t NB) {
+template <>
+__device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_K>(const uint8_t *W, unsigned g, size_t NB) {
     WSub w;
     w.q = ldw((const int4 *)W + g);
     w.e = ldw((const int *)(W + 16 * NB) + g);
     w.h = ldw((const int4 *)(W + 20 * NB) + g / 8);
     return w;
 }
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub &w, int sub, const XBlock &x, const Iq4Lut &) {
+template <>
+__device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub &w, int sub, const XBlock &x,
+                                                         const Iq4Lut &) {
     int scale, mn;
     k_scale_min_words(sub, w.h.y, w.h.z, w.h.w, &scale, &mn);
     const int *qw = (const int *)&w.q;
@@ -2058,7 +2162,8 @@ template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub 
 
 // Q6_K: w = d * sc * (q6 - 32), one int8 scale per 16 weights
 // h.x, h.y = the high 2 bits (qh plane), h.z = the two int8 scales of this sub-block, h.w = d
-template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q6_K>(const uint8_t *W, unsigned g, size_t NB) {
+template <>
+__device__ __forceinline__ WSub sub_load<GGML_TYPE_Q6_K>(const uint8_t *W, unsigned g, size_t NB) {
     WSub w;
     w.q = ldw((const int4 *)W + g);
     int2 qh = ldw((const int2 *)(W + 16 * NB) + g);
@@ -2068,7 +2173,9 @@ template <> __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q6_K>(const uint8
     w.h.w = ldw((const unsigned short *)(W + 26 * NB) + g / 8);
     return w;
 }
-template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const WSub &w, int, const XBlock &x, const Iq4Lut &) {
+template <>
+__device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const WSub &w, int, const XBlock &x,
+                                                         const Iq4Lut &) {
     int sc0 = (int8_t)(w.h.z & 0xff), sc1 = (int8_t)((w.h.z >> 8) & 0xff);
     float d = __half2float(__ushort_as_half((unsigned short)w.h.w));
     const int *qw = (const int *)&w.q;
@@ -2077,7 +2184,8 @@ template <> __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const WSub 
     for (int k = 0; k < 4; k++) {
         nibbles(qw[k], &lo[k], &hi[k]);
         // high 2 bits of elements 4k..4k+3 sit at bits 2k..2k+1 of each byte of h.x (16+4k..: h.y)
-        int hl = ((w.h.x >> (2 * k)) & 0x03030303) << 4, hh = ((w.h.y >> (2 * k)) & 0x03030303) << 4;
+        int hl = ((w.h.x >> (2 * k)) & 0x03030303) << 4;
+        int hh = ((w.h.y >> (2 * k)) & 0x03030303) << 4;
         lo[k] = __vsub4(lo[k] | hl, 0x20202020); // q6 - 32 as signed bytes
         hi[k] = __vsub4(hi[k] | hh, 0x20202020);
     }
@@ -2190,7 +2298,8 @@ __device__ __forceinline__ void mv_rows_done(const MvPlan &p, int m, int row0, c
 // run begins inside the group, else slot 1), fences and counts itself in; the last to arrive adds
 // the parts in warp order and finishes the rows.
 template <int R>
-__device__ __forceinline__ void mv_rows_part(const MvPlan &p, int m, int grp, int cpr, int warp, const float *v) {
+__device__ __forceinline__ void mv_rows_part(const MvPlan &p, int m, int grp, int cpr, int warp,
+                                             const float *v) {
     int U0 = p.first_unit[m] + grp * cpr, w1 = U0 / p.upw, w2 = (U0 + cpr - 1) / p.upw;
     if (w2 == w1 + 1) {
         if (threadIdx.x % WARP == 0) {
@@ -2198,7 +2307,8 @@ __device__ __forceinline__ void mv_rows_part(const MvPlan &p, int m, int grp, in
             unsigned long long prev[R];
 #pragma unroll
             for (int r = 0; r < R; r++) // all the exchanges in flight together
-                if (r < nr) prev[r] = atomicExch(&d_mv_cell[w1][r], MV_CELL_FULL | __float_as_uint(v[r]));
+                if (r < nr)
+                    prev[r] = atomicExch(&d_mv_cell[w1][r], MV_CELL_FULL | __float_as_uint(v[r]));
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r >= nr || !prev[r]) continue;
@@ -2252,8 +2362,9 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
         k = c0 + p.first_unit[m] - warp * p.upw;
         slot = so_slot_kw(sw, k, warp);
     }
-#define MV_G(grp, kk, sl, r) \
-    (STEP ? ((sl) * R + (r)) * WARP + lane : (unsigned)min((grp) * R + (r), last_row) * n_sub + WARP * (kk) + lane)
+#define MV_G(grp, kk, sl, r)                                                                       \
+    (STEP ? ((sl) * R + (r)) * WARP + lane                                                         \
+          : (unsigned)min((grp) * R + (r), last_row) * n_sub + WARP * (kk) + lane)
     Iq4Lut lut = d_iq4_lut;
     WSub w[R];
     float acc[R];
@@ -2269,11 +2380,13 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
         int u = WARP * kk + lane, ng = grp, nk = kk + 1; // (ng, nk): the next unit
         if (nk == cpr) { nk = 0; ng++; }
         int un = WARP * nk + lane, more = c + 1 < c1 && un < n_sub;
-        unsigned sn = STEP ? slot + sw.nw - (k >= sw.k1) - (k + 1 < sw.k0) : 0; // the next unit's slot
+        // the next unit's slot
+        unsigned sn = STEP ? slot + sw.nw - (k >= sw.k1) - (k + 1 < sw.k0) : 0;
         if (u < n_sub) {
             XBlock x = load_xblock(xq, u, n_sub);
+// multiply row r, then refill its registers with the next unit
 #pragma unroll
-            for (int r = 0; r < R; r++) { // multiply row r, then refill its registers with the next unit
+            for (int r = 0; r < R; r++) {
                 acc[r] += sub_dot<TYPE>(w[r], u % 8, x, lut);
                 if (more) w[r] = sub_load<TYPE>(W, MV_G(ng, nk, sn, r), NB);
             }
@@ -2306,7 +2419,8 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 // One kernel per type when all the matrices of a launch have one type (TYPE >= 0; gate/up, the
 // output matrix): each gets a register allocation of its own. TYPE = -1: any mix of the fast types.
 template <int TYPE, bool STEP, int THREADS>
-__global__ void __launch_bounds__(THREADS, THREADS >= MV_SM_THREADS ? 1 : MV_SM_THREADS / THREADS) matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
+__global__ void __launch_bounds__(THREADS, THREADS >= MV_SM_THREADS ? 1 : MV_SM_THREADS / THREADS)
+matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
     int warp = (blockIdx.x * THREADS + threadIdx.x) / WARP;
     int a = warp * p.upw, b = min(a + p.upw, p.first_unit[p.n]);
     for (int m = 0; m < p.n; m++) { // the run's piece of each matrix
@@ -2327,7 +2441,8 @@ static int mv_grid_warps(void) {
         int dev, n_sm, per_sm;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, matvec_stream_kernel<-1, false, 512>, 512, 0));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, matvec_stream_kernel<-1, false, 512>, 512, 0));
         warps = n_sm * (per_sm > 0 ? per_sm : 1) * (512 / WARP);
         if (warps > MV_MAX_WARPS) warps = MV_MAX_WARPS;
     }
@@ -2336,7 +2451,8 @@ static int mv_grid_warps(void) {
 
 // Add matrix W (in planes) to the plan: y = W x (+ bias).
 static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y) {
-    int m = p->n++, cpr = (int)(W->n_in / 32 + WARP - 1) / WARP, groups = (int)(W->n_out + MV_ROWS - 1) / MV_ROWS;
+    int m = p->n++, cpr = (int)(W->n_in / 32 + WARP - 1) / WARP,
+        groups = (int)(W->n_out + MV_ROWS - 1) / MV_ROWS;
     p->w[m] = (const uint8_t *)W->dev;
     p->bias[m] = bias;
     p->y[m] = y;
@@ -2374,7 +2490,7 @@ static int mv_threads(const MvPlan *p, int step) {
 // matrices are, or are to be, in step order).
 static void mv_plan_runs(MvPlan *p, int step) {
     int t = mv_threads(p, step), total = p->first_unit[p->n];
-    int per_sm = (t > MV_SM_THREADS ? t : MV_SM_THREADS) / WARP;             // 20, or 16 (512, 2 x 256)
+    int per_sm = (t > MV_SM_THREADS ? t : MV_SM_THREADS) / WARP;     // 20, or 16 (512, 2 x 256)
     int warps = mv_grid_warps() / (MV_SM_THREADS / WARP) * per_sm;         // SMs x warps per SM
     p->upw = (total + warps - 1) / warps;
 }
@@ -2390,12 +2506,14 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     int used = (total + p->upw - 1) / p->upw, type = mv_plan_type(p);
     // all of the plan's matrices in step order, or none (step_order_group)
     for (int m = 1; m < p->n; m++)
-        if ((p->so[m].upw != 0) != step) die("streaming mat-vec: matrices in step order and row by row in one launch");
+        if ((p->so[m].upw != 0) != step)
+            die("streaming mat-vec: matrices in step order and row by row in one launch");
     int threads = mv_threads(p, step), blocks = (used + threads / WARP - 1) / (threads / WARP);
-#define STREAM(T, STEP, THREADS)                                                                        \
-    do {                                                                                                \
-        if (THREADS != threads) die("streaming mat-vec: a %d-thread kernel for a %d-thread plan", THREADS, threads); \
-        matvec_stream_kernel<T, STEP, THREADS><<<blocks, THREADS, 0, st>>>(*p, xq, n_sub);              \
+#define STREAM(T, STEP, THREADS)                                                                   \
+    do {                                                                                           \
+        if (THREADS != threads)                                                                    \
+            die("streaming mat-vec: a %d-thread kernel for a %d-thread plan", THREADS, threads);   \
+        matvec_stream_kernel<T, STEP, THREADS><<<blocks, THREADS, 0, st>>>(*p, xq, n_sub);         \
     } while (0)
 #define ONE_TYPE(T)                                          \
     if (threads == MV_ONE_BLOCK && step) STREAM(T, true, MV_ONE_BLOCK); \
@@ -2427,11 +2545,12 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
 // several passes, for the batch kernel and for Q4_0's one-pass rows at 4 rows per block, and not
 // for the other types' one-pass rows at 8 (the extra registers cost resident blocks).
 template <int TYPE, int R, bool LOADS_FIRST>
-__device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
-                                          const XQ &xq,       // (n_sub) blocks of the input
-                                          const float *bias,  // (n_out) or NULL
-                                          float *y,           // (n_out)
-                                          int n_sub, int n_out, int row0, int accumulate) {
+__device__ __forceinline__ void
+fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
+          const XQ &xq,       // (n_sub) blocks of the input
+          const float *bias,  // (n_out) or NULL
+          float *y,           // (n_out)
+          int n_sub, int n_out, int row0, int accumulate) {
     __shared__ float part[FAST_MAX_THREADS / WARP][R];
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
     size_t NB = (size_t)n_out * n_sub;
@@ -2447,7 +2566,8 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
         // all R rows' loads first (rows past the end read the last row and are not written)
         WSub w[R];
 #pragma unroll
-        for (int r = 0; r < R; r++) w[r] = sub_load<TYPE>(W, (unsigned)min(row0 + r, n_out - 1) * n_sub + u, NB);
+        for (int r = 0; r < R; r++)
+            w[r] = sub_load<TYPE>(W, (unsigned)min(row0 + r, n_out - 1) * n_sub + u, NB);
         XBlock xb = load_xblock(xq, u, n_sub);
         if (LOADS_FIRST) __syncwarp();
         if (!LOADS_FIRST || u0 + lane < n_sub) {
@@ -2472,9 +2592,9 @@ __device__ __forceinline__ void fast_rows(const uint8_t *W,   // planes, NB = n_
 
 template <int TYPE, int R, bool LOADS_FIRST>
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
-matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */, XQ xq /* (n_sub) blocks */,
-                   const float *bias /* (n_out) or NULL */, float *y /* (n_out) */, int n_sub, int n_out,
-                   int accumulate) {
+matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */,
+                   XQ xq /* (n_sub) blocks */, const float *bias /* (n_out) or NULL */,
+                   float *y /* (n_out) */, int n_sub, int n_out, int accumulate) {
     fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
 }
 
@@ -2489,11 +2609,13 @@ typedef struct {
     int n;
 } MatVecBatch;
 
-__global__ void __launch_bounds__(FAST_MAX_THREADS) matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
+__global__ void __launch_bounds__(FAST_MAX_THREADS)
+matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
     int m = 0;
     while (m + 1 < b.n && (int)blockIdx.x >= b.first_block[m + 1]) m++;
     int row0 = ((int)blockIdx.x - b.first_block[m]) * FAST_ROWS;
-#define ROWS(T) fast_rows<T, FAST_ROWS, true>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0)
+#define ROWS(T)                                                                                    \
+    fast_rows<T, FAST_ROWS, true>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0)
     FAST_TYPE_SWITCH(b.type[m], ROWS)
 #undef ROWS
 }
@@ -2638,7 +2760,8 @@ static void matvec_qkv(const Tensor *Wq, const Tensor *Wk, const Tensor *Wv, con
 // block's own x and w values before the reduction. C twin: rmsnorm_c, then quantize_block_c.
 #define NORM_THREADS 256
 __global__ void __launch_bounds__(NORM_THREADS)
-rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */, int n, float eps) {
+rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w /* (n) */,
+                     int n, float eps) {
     int lane = threadIdx.x % WARP, nw = blockDim.x / WARP;
     int quant = out.q.q && n % 32 == 0, b = blockIdx.x * nw + threadIdx.x / WARP, i = 32 * b + lane;
     float xi = 0.0f, wi = 0.0f;
@@ -2654,7 +2777,8 @@ rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w
             v[k] = j < n4 ? x4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
-        for (int k = 0; k < 8; k++) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+        for (int k = 0; k < 8; k++)
+            ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
         for (int j = threadIdx.x + 8 * blockDim.x; j < n4; j += blockDim.x) {
             float4 u = x4[j];
             ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
@@ -2671,10 +2795,12 @@ rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w
             quantize_block_warp(v, out.q, b, n / 32);
         }
     } else {
-        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) out.f[j] = x[j] * scale * w[j];
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x)
+            out.f[j] = x[j] * scale * w[j];
     }
 }
-static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float eps, cudaStream_t st) {
+static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float eps,
+                          cudaStream_t st) {
     int blocks = (n / 32 + NORM_THREADS / WARP - 1) / (NORM_THREADS / WARP);
     rmsnorm_quant_kernel<<<blocks > 0 ? blocks : 1, NORM_THREADS, 0, st>>>(*out, x, w, n, eps);
     KERNEL_CHECK();
@@ -2786,7 +2912,8 @@ __host__ __device__ __forceinline__ int att_chunk_len(AttCut a, int pos, int c) 
 // 16-byte pieces are i = t * hd/8 + cc, and thread x holds i = x, x + ATT_THREADS, ... (chunk * hd
 // <= 8192, so at most ATT_STAGE of each). Evict-first (__ldcs), like the weights: the cache is
 // read once per token.
-__device__ __forceinline__ void att_rows_load(uint4 *kr /* (ATT_STAGE) */, uint4 *vr /* (ATT_STAGE) */,
+__device__ __forceinline__ void att_rows_load(uint4 *kr /* (ATT_STAGE) */,
+                                              uint4 *vr /* (ATT_STAGE) */,
                                               const __half *kc /* (n_ctx, n_kv, hd) */,
                                               const __half *vc /* (n_ctx, n_kv, hd) */, int t0,
                                               int nl, int n_kv, int j, int hd) {
@@ -2817,7 +2944,8 @@ __device__ __forceinline__ void att_load_q_kv(const AttShared &sh, const AttNew 
         int e = 4 * (threadIdx.x + k * ATT_THREADS); // element of the g heads' q
         if (e < g * hd)
             qv[k] = cur.q_src
-                        ? *(const float4 *)(cur.q_src + (size_t)(j * g + e / hd) * cur.q_stride + e % hd)
+                        ? *(const float4 *)(cur.q_src + (size_t)(j * g + e / hd) * cur.q_stride +
+                                            e % hd)
                         : *(const float4 *)(q + (size_t)j * g * hd + e);
     }
     if (own && threadIdx.x < hd / 4) {
@@ -3000,7 +3128,8 @@ __device__ __forceinline__ void att_accumulate_pv(float2 (&o)[ATT_MAX_OUT / 2],
 // out = sum_s w_s o_s into shared memory (returned: (g, hd)). Per thread slot, 4 consecutive dims
 // (16-byte loads of the partial outputs) and ATT_MERGE_DEPTH splits per round, every load of the
 // round issued before the first multiply: one L2 latency per round, not one per split.
-__device__ __forceinline__ float *att_merge(float *smem, const float *part_o /* (n_head, n_split, hd) */,
+__device__ __forceinline__ float *att_merge(float *smem,
+                                            const float *part_o /* (n_head, n_split, hd) */,
                                             const float *part_ml /* (n_head, n_split, 2) */, int j,
                                             int g, int hd, int n_split, int ns) {
     int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = ATT_THREADS / WARP;
@@ -3154,7 +3283,8 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
 #pragma unroll
     for (int k = 0; k < NP; k++)
         if (p_head[k] >= 0)
-            *(float2 *)&part_o[((size_t)(j * g + p_head[k]) * n_split + split) * hd + p_dim[k]] = o[k];
+            *(float2 *)&part_o[((size_t)(j * g + p_head[k]) * n_split + split) * hd + p_dim[k]] =
+                o[k];
     // the last split of this kv head to finish merges all of them
     __shared__ int last;
     __threadfence();
@@ -3192,7 +3322,8 @@ static void attention(const float *q /* (n_head, hd) or NULL */,
                       const int *pos, int n_head, int n_kv, int hd, int n_split, cudaStream_t st) {
     int chunk = att_chunk(hd), g = n_head / n_kv;
     size_t smem = att_smem(g, hd, chunk);
-    if (n_split < 1 || n_split > WARP) die("attention: %d splits per kv head (1..%d)", n_split, WARP);
+    if (n_split < 1 || n_split > WARP)
+        die("attention: %d splits per kv head (1..%d)", n_split, WARP);
     AttNew none;
     memset(&none, 0, sizeof none);
     att_kernel(hd)<<<dim3(n_kv, n_split), ATT_THREADS, smem, st>>>(
@@ -3234,8 +3365,9 @@ static void attention_setup(int n_head, int n_kv, int hd) {
 // are L2-normalised, y / max(||y||, eps); thread 0 of a v head's block computes the head's gates
 //   g = softplus(alpha + dt_bias) * a  (the log decay),   beta = sigmoid(beta_raw).
 // All threads of the block call it (the norm is a block reduction).
-__device__ void gdn_head_finish(float *y, int b, int Hk, int Hv, const float *beta_raw, const float *alpha_raw,
-                                const float *dt_bias, const float *ssm_a, float *gb /* (2, Hv) */, float eps) {
+__device__ void gdn_head_finish(float *y, int b, int Hk, int Hv, const float *beta_raw,
+                                const float *alpha_raw, const float *dt_bias, const float *ssm_a,
+                                float *gb /* (2, Hv) */, float eps) {
     if (b < 2 * Hk) {
         float v = *y;
         float ss = block_sum(v * v);
@@ -3250,15 +3382,16 @@ __device__ void gdn_head_finish(float *y, int b, int Hk, int Hv, const float *be
 // v head. Grid: 2*Hk + Hv blocks of S threads; block b holds channels [b*S, (b+1)*S) of
 // [q heads | k heads | v heads]. In place on mixed. C twins: gdn_conv_c, l2norm_c, and the gates in
 // deltanet_block_cpu.
-__global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: projections, out: conv output
-                                     const float *w,         // (conv_dim, 4) conv taps
-                                     float *cs,              // (3, conv_dim) conv state, oldest first
-                                     const float *beta_raw,  // (Hv)
-                                     const float *alpha_raw, // (Hv)
-                                     const float *dt_bias,   // (Hv)
-                                     const float *ssm_a,     // (Hv)
-                                     float *gb,              // (2, Hv) out: g (log decay), beta
-                                     int Hk, int Hv, float eps) {
+__global__ void
+gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: projections, out: conv output
+                     const float *w,         // (conv_dim, 4) conv taps
+                     float *cs,              // (3, conv_dim) conv state, oldest first
+                     const float *beta_raw,  // (Hv)
+                     const float *alpha_raw, // (Hv)
+                     const float *dt_bias,   // (Hv)
+                     const float *ssm_a,     // (Hv)
+                     float *gb,              // (2, Hv) out: g (log decay), beta
+                     int Hk, int Hv, float eps) {
     int S = blockDim.x, conv_dim = (2 * Hk + Hv) * S, c = blockIdx.x * S + threadIdx.x;
     float win0 = cs[c], win1 = cs[conv_dim + c], win2 = cs[2 * conv_dim + c], win3 = mixed[c];
     float sum = win0 * w[4 * c] + win1 * w[4 * c + 1] + win2 * w[4 * c + 2] + win3 * w[4 * c + 3];
@@ -3279,9 +3412,10 @@ __global__ void gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: p
 // M'_j . q + delta_j k . q). Used by gdn_step_kernel and gdn_token_kernel.
 template <int R, int C, int L>
 __device__ __forceinline__ void gdn_rule(float (&m)[R][C] /* this lane's R rows x C columns of M */,
-                                         const float *qq /* (C) this lane's columns of q */, const float *kk /* (C) */,
-                                         const float *vv /* (R) this lane's rows of v */, float decay, float beta,
-                                         float *oq /* (R) */) {
+                                         const float *qq /* (C) this lane's columns of q */,
+                                         const float *kk /* (C) */,
+                                         const float *vv /* (R) this lane's rows of v */,
+                                         float decay, float beta, float *oq /* (R) */) {
     float red[2 * R + 1]; // M'_j . k (r), M'_j . q (R + r), k . q (2R): this lane's part
     red[2 * R] = 0.0f;
 #pragma unroll
@@ -3296,8 +3430,9 @@ __device__ __forceinline__ void gdn_rule(float (&m)[R][C] /* this lane's R rows 
             red[R + r] += m[r][t] * qq[t];
         }
     }
+// the 2R + 1 butterflies over the row's L lanes, side by side
 #pragma unroll
-    for (int off = L / 2; off > 0; off /= 2) // the 2R + 1 butterflies over the row's L lanes, side by side
+    for (int off = L / 2; off > 0; off /= 2)
 #pragma unroll
         for (int i = 0; i < 2 * R + 1; i++) red[i] += __shfl_xor_sync(0xffffffffu, red[i], off);
 #pragma unroll
@@ -3319,20 +3454,23 @@ __device__ __forceinline__ void gdn_rule(float (&m)[R][C] /* this lane's R rows 
 template <int NT, int R, int L>
 __global__ void __launch_bounds__(GDN_ROWS * WARP)
 gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
-                const float *qkv,  // (T, conv_dim) [q (Hk,S) | k (Hk,S) | v (Hv,S)] after conv and norm
+                const float *qkv,  // (T, conv_dim) [q (Hk,S) | k (Hk,S) | v (Hv,S)], conv + norms
                 const float *gb,   // (T, 2, Hv) g, beta
                 float *o,          // (T, Hv, S) out
                 int S, int Hk, int Hv, int T) {
     constexpr int C = NT * WARP / L; // columns per lane: lg + L * t, t < C
     int hv = blockIdx.x, hk = hv % Hk, lane = threadIdx.x % WARP, lg = lane % L;
-    int j0 = ((blockIdx.y * GDN_ROWS + threadIdx.x / WARP) * (WARP / L) + lane / L) * R; // rows j0 .. j0+R-1
+    // rows j0 .. j0+R-1
+    int j0 = ((blockIdx.y * GDN_ROWS + threadIdx.x / WARP) * (WARP / L) + lane / L) * R;
     size_t conv_dim = (size_t)(2 * Hk + Hv) * S; // (the grid covers S rows exactly: no lane idles)
-    float m[R][C]; // this thread's part of the state, loaded and stored evict-first (__ldcs, __stcs):
-                   // the states of all layers (~150 MB for the 27B) pass through L2 once per token
+    // this thread's part of the state, loaded and stored evict-first (__ldcs, __stcs): the states
+    // of all layers (~150 MB for the 27B) pass through L2 once per token
+    float m[R][C];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int t = 0; t < C; t++) m[r][t] = __ldcs(&state[((size_t)hv * S + j0 + r) * S + lg + L * t]);
+        for (int t = 0; t < C; t++)
+            m[r][t] = __ldcs(&state[((size_t)hv * S + j0 + r) * S + lg + L * t]);
     // the next token's q, k, v, g, beta are loaded while the current one is worked on
     float qn[C], kn[C], vn[R], gn = 0.0f, bn = 0.0f;
     auto fetch = [&](int tok) {
@@ -3359,7 +3497,9 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
         if (tok + 1 < T) fetch(tok + 1);
         float oq[R];
         gdn_rule<R, C, L>(m, qq, kk, vv, decay, beta, oq);
-        if (lg < R) { // lane lg = r of the group writes row r (a register array indexed by a constant in each branch)
+        // lane lg = r of the group writes row r (a register array indexed by a constant in each
+        // branch)
+        if (lg < R) {
 #pragma unroll
             for (int r = 0; r < R; r++)
                 if (lg == r) o[((size_t)tok * Hv + hv) * S + j0 + r] = oq[r] * rsqrtf((float)S);
@@ -3368,20 +3508,23 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int t = 0; t < C; t++) __stcs(&state[((size_t)hv * S + j0 + r) * S + lg + L * t], m[r][t]);
+        for (int t = 0; t < C; t++)
+            __stcs(&state[((size_t)hv * S + j0 + r) * S + lg + L * t], m[r][t]);
 }
 
 // Launch gdn_step_kernel with NT = S/32 (S a multiple of 32 up to 256, checked when the model is
 // read): a prompt with 8 lanes per row (16 when S > 128) and 2 rows per group, a single token with
 // 32 and 1.
-static void gdn_step(float *state, const float *qkv, const float *gb, float *o, int S, int Hk, int Hv, int T,
-                     cudaStream_t st) {
+static void gdn_step(float *state, const float *qkv, const float *gb, float *o, int S, int Hk,
+                     int Hv, int T, cudaStream_t st) {
     int L = T == 1 ? 32 : S > 128 ? 16 : 8, R = T == 1 ? 1 : 2;
     dim3 grid(Hv, S / (GDN_ROWS * (WARP / L) * R));
-#define STEP(NT)                                                                                               \
-    (L == 32 ? gdn_step_kernel<NT, 1, 32><<<grid, GDN_ROWS * WARP, 0, st>>>(state, qkv, gb, o, S, Hk, Hv, T)      \
-     : L == 16 ? gdn_step_kernel<NT, 2, 16><<<grid, GDN_ROWS * WARP, 0, st>>>(state, qkv, gb, o, S, Hk, Hv, T)    \
-               : gdn_step_kernel<NT, 2, 8><<<grid, GDN_ROWS * WARP, 0, st>>>(state, qkv, gb, o, S, Hk, Hv, T))
+    int threads = GDN_ROWS * WARP;
+#define ARGS state, qkv, gb, o, S, Hk, Hv, T
+#define STEP(NT)                                                                                   \
+    (L == 32   ? gdn_step_kernel<NT, 1, 32><<<grid, threads, 0, st>>>(ARGS)                        \
+     : L == 16 ? gdn_step_kernel<NT, 2, 16><<<grid, threads, 0, st>>>(ARGS)                        \
+               : gdn_step_kernel<NT, 2, 8><<<grid, threads, 0, st>>>(ARGS))
     switch (S / 32) {
     case 1: STEP(1); break;
     case 2: STEP(2); break;
@@ -3393,13 +3536,15 @@ static void gdn_step(float *state, const float *qkv, const float *gb, float *o, 
     default: STEP(8); break;
     }
 #undef STEP
+#undef ARGS
     KERNEL_CHECK();
 }
 
 // Gated RMSNorm per v head, fp32 and quantized for the out-projection: out = rmsnorm(o) * w *
 // silu(z). Grid Hv blocks of S threads. C twin: gated_rmsnorm_c.
-__global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */, const float *z /* (Hv, S) */,
-                                     const float *w /* (S) */, float eps) {
+__global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */,
+                                     const float *z /* (Hv, S) */, const float *w /* (S) */,
+                                     float eps) {
     int S = blockDim.x, i = blockIdx.x * S + threadIdx.x;
     float v = o[i];
     float ss = block_sum(v * v);
@@ -3440,25 +3585,28 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
                  const float *ssm_a,     // (Hv)
                  const float *nw,        // (S) the gated norm's weight
                  Act out,                // (Hv, S) out: the out-projection's input
-                 int *count,             // (Hk) blocks that have read k head hk's conv state; zero between launches
+                 int *count,             // (Hk) blocks done reading head hk's conv state; 0 between
                  int Hk, int Hv, float eps) {
     constexpr int S = 32 * NT, R = NT, C = NT; // R rows per warp, C columns per lane
     __shared__ float qs[S], ks[S], vs[S], os[S]; // (S) this head's q, k, v and output
     __shared__ float part[2][32]; // part[0][0..1]: |q|^2, |k|^2; part[1][w]: warp w's sum of o^2
     __shared__ float gate[2];
     __shared__ int last;
-    int hv = blockIdx.x, hk = hv % Hk, t = threadIdx.x, lane = t % WARP, wid = t / WARP, j0 = wid * R;
+    int hv = blockIdx.x, hk = hv % Hk, t = threadIdx.x, lane = t % WARP, wid = t / WARP,
+        j0 = wid * R;
     size_t conv_dim = (size_t)(2 * Hk + Hv) * S;
     // 1. the state, evict-first (all layers' states pass through L2 once per token)
     float m[R][C];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int c = 0; c < C; c++) m[r][c] = __ldcs(&state[((size_t)hv * S + j0 + r) * S + lane + 32 * c]);
+        for (int c = 0; c < C; c++)
+            m[r][c] = __ldcs(&state[((size_t)hv * S + j0 + r) * S + lane + 32 * c]);
     float zz = t < S ? z[(size_t)hv * S + t] : 0.0f, wn = t < S ? nw[t] : 0.0f;
     // 2. conv + SiLU of channel i of part p (q, k, v); the new window kept for the state
     int p = t / S, i = t % S;
-    size_t ch = (p == 0 ? (size_t)hk * S : p == 1 ? (size_t)(Hk + hk) * S : (size_t)(2 * Hk + hv) * S) + i;
+    size_t head = p == 0 ? hk : p == 1 ? Hk + hk : 2 * Hk + hv; // its head in [q | k | v]
+    size_t ch = head * S + i;
     float win1 = 0.0f, win2 = 0.0f, win3 = 0.0f;
     if (p < 3) {
         float win0 = cs[ch];
@@ -3504,7 +3652,8 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int c = 0; c < C; c++) __stcs(&state[((size_t)hv * S + j0 + r) * S + lane + 32 * c], m[r][c]);
+        for (int c = 0; c < C; c++)
+            __stcs(&state[((size_t)hv * S + j0 + r) * S + lane + 32 * c], m[r][c]);
     if (lane < R) {
 #pragma unroll
         for (int r = 0; r < R; r++)
@@ -3546,12 +3695,14 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
 // The DeltaNet token kernel for S = 32, 64, 96 or 128 (larger S: the three kernels).
 static int gdn_token_ok(int S) { return S % 32 == 0 && S <= 128; }
 // The launcher of gdn_token_kernel for state size S (its pointers' shapes are written there).
-static void gdn_token(float *state, float *cs, const float *mixed, const float *w, const float *z, const float *beta_raw,
-                      const float *alpha_raw, const float *dt_bias, const float *ssm_a, const float *nw, const Act *out,
-                      int *count, int S, int Hk, int Hv, float eps, cudaStream_t st) {
-#define TOKEN(NT)                                                                                                   \
-    gdn_token_kernel<NT><<<Hv, GDN_TOKEN_THREADS, 0, st>>>(state, cs, mixed, w, z, beta_raw, alpha_raw, dt_bias, ssm_a, nw, \
-                                                           *out, count, Hk, Hv, eps)
+static void gdn_token(float *state, float *cs, const float *mixed, const float *w, const float *z,
+                      const float *beta_raw, const float *alpha_raw, const float *dt_bias,
+                      const float *ssm_a, const float *nw, const Act *out, int *count, int S,
+                      int Hk, int Hv, float eps, cudaStream_t st) {
+#define TOKEN(NT)                                                                                  \
+    gdn_token_kernel<NT><<<Hv, GDN_TOKEN_THREADS, 0, st>>>(state, cs, mixed, w, z, beta_raw,       \
+                                                           alpha_raw, dt_bias, ssm_a, nw, *out,    \
+                                                           count, Hk, Hv, eps)
     switch (S / 32) {
     case 1: TOKEN(1); break;
     case 2: TOKEN(2); break;
@@ -3620,7 +3771,7 @@ typedef struct {
     __half *h; // (T, ld) X = x / s
     float *s;  // (T) row scales
     int ld;    // row stride in elements (a multiple of 8)
-    float *f;  // (T, ld) the rows x in fp32, for float weights (above); NULL when no product needs them
+    float *f;  // (T, ld) the rows x in fp32 for float weights (above), or NULL: none needs them
 } ActH;
 
 __host__ __device__ static float row_scale(float amax) {
@@ -3654,8 +3805,9 @@ __host__ __device__ static float row_scale(float amax) {
 
 typedef struct { uint4 q, e, f, g; } WRaw; // q: quants (F16: all four are values), e: scales
 
-template <int TYPE> __device__ WRaw w_load(const uint8_t *W /* planes (NB sub-blocks) or fp16 rows */, int row, int u, size_t g,
-                                           int n_in, size_t NB);
+template <int TYPE>
+__device__ WRaw w_load(const uint8_t *W /* planes (NB sub-blocks) or fp16 rows */, int row, int u,
+                       size_t g, int n_in, size_t NB);
 template <int TYPE> __device__ void w_decode(const WRaw &r, __half *out);
 
 // Bytes 0, 1 (sel 0x5140) or 2, 3 (sel 0x5342) of c as the fp16 pair 1024 + c, minus 1024 + o.
@@ -3665,8 +3817,8 @@ __device__ __forceinline__ __half2 small_ints_h2(uint32_t c, int sel, __half2 of
 }
 // The 4 + 4 integers of lo (elements 4k..4k+3) and hi (16+4k..16+4k+3), each minus o, times scale
 // sc_lo / sc_hi, to the 32 fp16 weights out of the unit.
-__device__ __forceinline__ void put8(__half *out, int k, uint32_t lo, uint32_t hi, __half2 off, __half2 sc_lo,
-                                     __half2 sc_hi) {
+__device__ __forceinline__ void put8(__half *out, int k, uint32_t lo, uint32_t hi, __half2 off,
+                                     __half2 sc_lo, __half2 sc_hi) {
     __half2 *o = (__half2 *)out;
     o[2 * k] = __hmul2(small_ints_h2(lo, 0x5140, off), sc_lo);
     o[2 * k + 1] = __hmul2(small_ints_h2(lo, 0x5342, off), sc_lo);
@@ -3674,7 +3826,9 @@ __device__ __forceinline__ void put8(__half *out, int k, uint32_t lo, uint32_t h
     o[8 + 2 * k + 1] = __hmul2(small_ints_h2(hi, 0x5342, off), sc_hi);
 }
 
-template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_F16>(const uint8_t *W, int row, int u, size_t, int n_in, size_t) {
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_F16>(const uint8_t *W, int row, int u, size_t,
+                                                      int n_in, size_t) {
     const uint4 *src = (const uint4 *)((const __half *)W + (size_t)row * n_in + 32 * u);
     return WRaw{src[0], src[1], src[2], src[3]};
 }
@@ -3684,14 +3838,17 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_F16>(const WRaw &
 }
 
 // Q4_0: e.x = d. Word k of q: low nibbles = elements 4k..4k+3, high nibbles = 16+4k..
-template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_0>(const uint8_t *W, int, int, size_t g, int, size_t NB) {
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_0>(const uint8_t *W, int, int, size_t g, int,
+                                                       size_t NB) {
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
     r.e.x = __ldg((const uint16_t *)(W + 16 * NB) + g);
     return r;
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_0>(const WRaw &r, __half *out) {
-    __half2 d = __half2half2(__ushort_as_half((unsigned short)r.e.x)), off = __float2half2_rn(1024.0f + 8.0f);
+    __half2 d = __half2half2(__ushort_as_half((unsigned short)r.e.x)),
+            off = __float2half2_rn(1024.0f + 8.0f);
     const int *qw = (const int *)&r.q;
 #pragma unroll
     for (int k = 0; k < 4; k++) {
@@ -3702,8 +3859,11 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_0>(const WRaw 
 }
 
 // IQ4_XS: e.x, e.y = the super-block's header entry (d, 8 scales), e.z = the sub-block (0..7)
-template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, int, int, size_t g, int, size_t NB) {
-    uint2 hdr = __ldg((const uint2 *)(W + 16 * NB) + g / 8); // the super-block's 8 header bytes at once
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, int, int, size_t g, int,
+                                                         size_t NB) {
+    // the super-block's 8 header bytes at once
+    uint2 hdr = __ldg((const uint2 *)(W + 16 * NB) + g / 8);
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
     r.e = make_uint4(hdr.x, hdr.y, (uint32_t)(g % 8), 0);
@@ -3712,24 +3872,29 @@ template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_IQ4_XS>(const WRaw &r, __half *out) {
     int sub = (int)r.e.z;
     int ls = iq4_plane_ls(r.e.x, r.e.y, sub);
-    __half2 dl = __float2half2_rn(h2f((uint16_t)r.e.x) * (float)(ls - 32)), off = __float2half2_rn(1024.0f + 128.0f);
+    __half2 dl = __float2half2_rn(h2f((uint16_t)r.e.x) * (float)(ls - 32)),
+            off = __float2half2_rn(1024.0f + 128.0f);
     const int *qw = (const int *)&r.q;
 #pragma unroll
     for (int k = 0; k < 4; k++) { // the table lookup in registers (iq4_lookup8, 6.4): 4 + 4 int8
         int lo, hi;
         iq4_lookup8(qw[k], &lo, &hi);
-        put8(out, k, (uint32_t)lo ^ 0x80808080u, (uint32_t)hi ^ 0x80808080u, off, dl, dl); // int8 + 128
+        // int8 + 128
+        put8(out, k, (uint32_t)lo ^ 0x80808080u, (uint32_t)hi ^ 0x80808080u, off, dl, dl);
     }
 }
 
 // Q5_K: e.x = the 32 high bits (bit j: element j), e.y = d * sc, e.z = dmin * m (fp32 bits, exact)
-template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, int, int, size_t g, int, size_t NB) {
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, int, int, size_t g, int,
+                                                       size_t NB) {
     uint4 h = __ldg((const uint4 *)(W + 20 * NB + 16 * (g / 8))); // d, dmin, scales[12]
     int sc, m;
     k_scale_min_words((int)(g % 8), h.y, h.z, h.w, &sc, &m);
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
-    r.e = make_uint4(__ldg((const uint32_t *)(W + 16 * NB) + g), __float_as_uint(h2f((uint16_t)h.x) * sc),
+    r.e = make_uint4(__ldg((const uint32_t *)(W + 16 * NB) + g),
+                     __float_as_uint(h2f((uint16_t)h.x) * sc),
                      __float_as_uint(h2f((uint16_t)(h.x >> 16)) * m), 0);
     return r;
 }
@@ -3744,10 +3909,13 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_K>(const WRaw 
         lo |= spread4_bit4((r.e.x >> (4 * k)) & 0xf);
         hi |= spread4_bit4((r.e.x >> (16 + 4 * k)) & 0xf);
         float w[8];
+// fp32: byte b under the exponent of 2^23 (ulp 1), then one fma
 #pragma unroll
-        for (int b = 0; b < 4; b++) { // fp32: byte b under the exponent of 2^23 (ulp 1), then one fma
-            w[b] = fmaf(__uint_as_float((uint32_t)prmt(lo, 0x4b000000, 0x7540 + b)) - 8388608.0f, dsc, -dmm);
-            w[4 + b] = fmaf(__uint_as_float((uint32_t)prmt(hi, 0x4b000000, 0x7540 + b)) - 8388608.0f, dsc, -dmm);
+        for (int b = 0; b < 4; b++) {
+            float ql = __uint_as_float((uint32_t)prmt(lo, 0x4b000000, 0x7540 + b)) - 8388608.0f;
+            float qh = __uint_as_float((uint32_t)prmt(hi, 0x4b000000, 0x7540 + b)) - 8388608.0f;
+            w[b] = fmaf(ql, dsc, -dmm);
+            w[4 + b] = fmaf(qh, dsc, -dmm);
         }
         o[2 * k] = __floats2half2_rn(w[0], w[1]);
         o[2 * k + 1] = __floats2half2_rn(w[2], w[3]);
@@ -3758,18 +3926,22 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_K>(const WRaw 
 
 // Q6_K: e.x / e.y = the 2-bit highs of elements 0..15 / 16..31 (byte j%4, bits 2*((j%16)/4)),
 // e.z / e.w = d * sc of each half (fp32 bits, exact)
-template <> __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t *W, int, int, size_t g, int, size_t NB) {
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t *W, int, int, size_t g, int,
+                                                       size_t NB) {
     int sub = (int)(g % 8);
     uint2 hi = __ldg((const uint2 *)(W + 16 * NB) + g);
     const int8_t *sc = (const int8_t *)(W + 24 * NB + 16 * (g / 8) + 2 * sub);
     float d = h2f(__ldg((const uint16_t *)(W + 26 * NB) + g / 8));
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
-    r.e = make_uint4(hi.x, hi.y, __float_as_uint(d * __ldg(sc)), __float_as_uint(d * __ldg(sc + 1)));
+    r.e = make_uint4(hi.x, hi.y, __float_as_uint(d * __ldg(sc)),
+                     __float_as_uint(d * __ldg(sc + 1)));
     return r;
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw &r, __half *out) {
-    __half2 s_lo = __float2half2_rn(__uint_as_float(r.e.z)), s_hi = __float2half2_rn(__uint_as_float(r.e.w));
+    __half2 s_lo = __float2half2_rn(__uint_as_float(r.e.z)),
+            s_hi = __float2half2_rn(__uint_as_float(r.e.w));
     __half2 off = __float2half2_rn(1024.0f + 32.0f);
     const int *qw = (const int *)&r.q;
 #pragma unroll
@@ -3784,8 +3956,8 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw 
 // The fp16 copy of rows [r0, r0 + n_rows) of a weight in its file layout (the types without
 // planes), for the product to read as GGML_TYPE_F16: one thread per 32-weight unit.
 template <int TYPE>
-__global__ void dequant_f16_kernel(const uint8_t *W /* rows of row_stride bytes */, size_t row_stride,
-                                   __half *out /* (n_rows, n_in) */, int r0,
+__global__ void dequant_f16_kernel(const uint8_t *W /* rows of row_stride bytes */,
+                                   size_t row_stride, __half *out /* (n_rows, n_in) */, int r0,
                                    int n_rows, int n_in) {
     int n_units = n_in / 32;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -3839,23 +4011,26 @@ __host__ __device__ static inline int mm_owner(long long s, long long total, int
 // there the bound costs its native sm_70 code ~100-200 bytes of spills per thread.)
 template <int TYPE>
 __global__ void __launch_bounds__(MM_THREADS, 2)
-matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n_out, n_in)
-              size_t NB,         // sub-blocks in the planes
-              StepOrder so,      // the planes' order (6.3)
-              ActH x,            // (T, x.ld) input rows
-              float *y,          // (T, ldy) output
-              float *part,       // (gridDim.x, 2, MM_TT, MM_TN) partial sums of cut tiles
-              int ldy, const float *bias /* (n_out) or NULL */, int T, int n_in, int n_out, int accumulate) {
+matmul_kernel(const uint8_t *W, // weights: planes (fast types) or fp16 rows (n_out, n_in)
+              size_t NB,        // sub-blocks in the planes
+              StepOrder so,     // the planes' order (6.3)
+              ActH x,           // (T, x.ld) input rows
+              float *y,         // (T, ldy) output
+              float *part,      // (gridDim.x, 2, MM_TT, MM_TN) partial sums of cut tiles
+              int ldy, const float *bias /* (n_out) or NULL */, int T, int n_in, int n_out,
+              int accumulate) {
     using namespace nvcuda;
     extern __shared__ __align__(32) uint8_t mm_smem[];
-    __half *xs = (__half *)mm_smem, *ws = xs + 2 * MM_TT * MM_LD; // [2][MM_TT * MM_LD], [2][MM_TN * MM_LD]
+    // [2][MM_TT * MM_LD] and [2][MM_TN * MM_LD]: both tiles, double-buffered
+    __half *xs = (__half *)mm_smem, *ws = xs + 2 * MM_TT * MM_LD;
     int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
     int wt = warp / 4, wn = warp % 4;                   // warp tile: tokens 64*wt.., rows 32*wn..
     int lr = threadIdx.x / 2, lu = threadIdx.x % 2;     // loader: tile row lr, unit lu of the step
     int n_units = n_in / 32, n_steps = (n_units + 1) / 2;
     int n_tt = (T + MM_TT - 1) / MM_TT, n_tiles = n_tt * ((n_out + MM_TN - 1) / MM_TN);
     long long total = (long long)n_tiles * n_steps; // < 2^31 (matmul_tc)
-    int s = (int)(blockIdx.x * total / gridDim.x), s_end = (int)((blockIdx.x + 1) * total / gridDim.x);
+    int s = (int)(blockIdx.x * total / gridDim.x),
+        s_end = (int)((blockIdx.x + 1) * total / gridDim.x);
     // loaders. X: chunk c = threadIdx.x + 256 i (i < 4) of the step's 128 rows x 128 bytes is row c
     // / 8, bytes 16 (c % 8): a warp reads 4 whole rows per load. W: one 32-weight unit per thread,
     // unit lu of row lr. Rows past T or n_out read the last row instead (their results are never
@@ -3864,7 +4039,8 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
     uint4 xr[4];
     WRaw wr;
     int t0, n0, n;
-    const uint4 *xp[4]; // this thread's X chunks of the next step to fetch (rows + 32 i), moved on by fetch
+    // this thread's X chunks of the next step to fetch (rows + 32 i), moved on by fetch
+    const uint4 *xp[4];
     // the plane index of unit u of row n (plane_g): the 32 units of a chunk lie side by side in
     // either order, so only a new chunk's place is computed (in step order: divisions)
     int g_chunk = -1;
@@ -3887,12 +4063,14 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
         }
 #pragma unroll
         for (int i = 0; i < 4; i++) xp[i] += 8; // 64 halves
-        if (2 * step + lu < n_units) wr = w_load<TYPE>(W, n, 2 * step + lu, plane_index(2 * step + lu), n_in, NB);
+        if (2 * step + lu < n_units)
+            wr = w_load<TYPE>(W, n, 2 * step + lu, plane_index(2 * step + lu), n_in, NB);
     };
     // stash: decode the weights and store both to shared-memory buffer buf
     auto stash = [&](int step, int buf) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) *((uint4 *)(xs + (buf * MM_TT + xrow + 32 * i) * MM_LD) + xc) = xr[i];
+        for (int i = 0; i < 4; i++)
+            *((uint4 *)(xs + (buf * MM_TT + xrow + 32 * i) * MM_LD) + xc) = xr[i];
         uint4 *wd = (uint4 *)(ws + (buf * MM_TN + lr) * MM_LD + 32 * lu);
         __align__(16) __half w32[32];
         if (2 * step + lu < n_units) {
@@ -3912,7 +4090,9 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
         n = min(n0 + lr, n_out - 1);
         g_chunk = -1;
 #pragma unroll
-        for (int i = 0; i < 4; i++) xp[i] = (const uint4 *)(x.h + (size_t)min(t0 + xrow + 32 * i, T - 1) * x.ld) + 8 * k0 + xc;
+        for (int i = 0; i < 4; i++)
+            xp[i] = (const uint4 *)(x.h + (size_t)min(t0 + xrow + 32 * i, T - 1) * x.ld) +
+                    8 * k0 + xc;
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
 #pragma unroll
         for (int i = 0; i < 4; i++)
@@ -3929,7 +4109,8 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
             for (int kk = 0; kk < 64; kk += 16) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[2];
 #pragma unroll
-                for (int j = 0; j < 2; j++) wmma::load_matrix_sync(b[j], wc + (32 * wn + 16 * j) * MM_LD + kk, MM_LD);
+                for (int j = 0; j < 2; j++)
+                    wmma::load_matrix_sync(b[j], wc + (32 * wn + 16 * j) * MM_LD + kk, MM_LD);
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
@@ -3954,7 +4135,8 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
                 wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
                 __syncwarp();
                 for (int e = lane; e < 256; e += WARP) {
-                    int lt = 64 * wt + 16 * i + e / 16, ln = 32 * wn + 16 * j + e % 16; // in the tile
+                    // in the tile
+                    int lt = 64 * wt + 16 * i + e / 16, ln = 32 * wn + 16 * j + e % 16;
                     int tt = t0 + lt, nn = n0 + ln;
                     if (tt < T && nn < n_out) {
                         float v = patch[e] * x.s[tt];
@@ -3974,12 +4156,14 @@ matmul_kernel(const uint8_t *W,  // weights: planes (fast types) or fp16 rows (n
 
 // The tiles that matmul_kernel cut between blocks: y[t, n] (+)= (sum of the pieces in k order)
 // (+ bias[n]). One block per tile; tiles that one block finished return at once.
-__global__ void matmul_fixup_kernel(float *y /* (T, ldy) */, int ldy, const float *part /* (G, 2, MM_TT, MM_TN) */,
-                                    int G, const float *bias /* (n_out) or NULL */, int T, int n_in, int n_out,
-                                    int accumulate) {
+__global__ void matmul_fixup_kernel(float *y /* (T, ldy) */, int ldy,
+                                    const float *part /* (G, 2, MM_TT, MM_TN) */, int G,
+                                    const float *bias /* (n_out) or NULL */, int T, int n_in,
+                                    int n_out, int accumulate) {
     int n_steps = (n_in / 32 + 1) / 2, n_tt = (T + MM_TT - 1) / MM_TT, tile = blockIdx.x;
     long long total = (long long)n_tt * ((n_out + MM_TN - 1) / MM_TN) * n_steps;
-    int b_first = mm_owner((long long)tile * n_steps, total, G), b_last = mm_owner((long long)(tile + 1) * n_steps - 1, total, G);
+    int b_first = mm_owner((long long)tile * n_steps, total, G),
+        b_last = mm_owner((long long)(tile + 1) * n_steps - 1, total, G);
     if (b_first == b_last) return;
     int t0 = tile % n_tt * MM_TT, n0 = tile / n_tt * MM_TN;
     for (int e = threadIdx.x; e < MM_SLOT; e += blockDim.x) {
@@ -3992,15 +4176,17 @@ __global__ void matmul_fixup_kernel(float *y /* (T, ldy) */, int ldy, const floa
     }
 }
 
-static int is_float_weight(int type) { return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16; }
+static int is_float_weight(int type) {
+    return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
+}
 
 // The weights of one row as matmul_kernel's tiles hold them (fp16 values, as floats): the
 // dequantized value rounded to fp16, where IQ4_XS and Q6_K first round their sub-block scales to
 // fp16 (the pairwise decode of w_decode; the integer times the scale is exact in fp32, so each
 // weight is rounded once more, to fp16, as on the GPU):
 //   IQ4_XS: fp16(fp16(d * (ls - 32)) * kvalue)   Q6_K: fp16(fp16(d * sc) * (q - 32))
-static void mm_weight_row(int type, const uint8_t *src /* one row, row_bytes(type, n_in) */, float *w /* (n_in) */,
-                          int n_in) {
+static void mm_weight_row(int type, const uint8_t *src /* one row, row_bytes(type, n_in) */,
+                          float *w /* (n_in) */, int n_in) {
     if (type == GGML_TYPE_IQ4_XS || type == GGML_TYPE_Q6_K)
         for (int u = 0; u < n_in / 32; u++) dequant_unit(type, src, u, w + 32 * u, n_in, 1);
     else
@@ -4012,9 +4198,10 @@ static void mm_weight_row(int type, const uint8_t *src /* one row, row_bytes(typ
 // same operands: for quantized weights the fp16 weights of mm_weight_row times the fp16 rows X
 // (then * s), for float weights the weight times the fp32 rows xf. Only the summation order
 // differs.
-static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */, const float *xs /* (T) */,
-                     const float *xf /* (T, ld) */, int ld, int T, float *y /* (T, ldy) */, int ldy,
-                     const float *bias /* (n_out) or NULL */, int accumulate, float *row /* (n_in) */) {
+static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */,
+                     const float *xs /* (T) */, const float *xf /* (T, ld) */, int ld, int T,
+                     float *y /* (T, ldy) */, int ldy, const float *bias /* (n_out) or NULL */,
+                     int accumulate, float *row /* (n_in) */) {
     int n_in = (int)W->n_in, exact = is_float_weight(W->type);
     size_t rb = row_bytes(W->type, W->n_in);
     for (int64_t n = 0; n < W->n_out; n++) {
@@ -4025,7 +4212,8 @@ static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */,
             if (exact) {
                 for (int i = 0; i < n_in; i++) acc += (double)row[i] * xf[(size_t)t * ld + i];
             } else {
-                for (int i = 0; i < n_in; i++) acc += (double)row[i] * fp16_to_f32(X[(size_t)t * ld + i]);
+                for (int i = 0; i < n_in; i++)
+                    acc += (double)row[i] * fp16_to_f32(X[(size_t)t * ld + i]);
                 acc *= xs[t];
             }
             float v = (float)acc + (bias ? bias[n] : 0.0f);
@@ -4042,18 +4230,24 @@ static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */,
 #define SG_N 64
 #define SG_K 16
 template <int TYPE> __device__ __forceinline__ float wf(const uint8_t *W, size_t i);
-template <> __device__ __forceinline__ float wf<GGML_TYPE_F32>(const uint8_t *W, size_t i) { return ((const float *)W)[i]; }
-template <> __device__ __forceinline__ float wf<GGML_TYPE_F16>(const uint8_t *W, size_t i) { return h2f(((const uint16_t *)W)[i]); }
+template <> __device__ __forceinline__ float wf<GGML_TYPE_F32>(const uint8_t *W, size_t i) {
+    return ((const float *)W)[i];
+}
+template <> __device__ __forceinline__ float wf<GGML_TYPE_F16>(const uint8_t *W, size_t i) {
+    return h2f(((const uint16_t *)W)[i]);
+}
 template <> __device__ __forceinline__ float wf<GGML_TYPE_BF16>(const uint8_t *W, size_t i) {
     return __uint_as_float((uint32_t)((const uint16_t *)W)[i] << 16);
 }
 template <int TYPE>
-__global__ void __launch_bounds__(256) matmul_f32_kernel(const uint8_t *W /* (n_out, n_in) */, ActH x, float *y /* (T, ldy) */,
-                                                         int ldy, const float *bias /* (n_out) or NULL */, int T, int n_in,
-                                                         int n_out, int accumulate) {
+__global__ void __launch_bounds__(256)
+matmul_f32_kernel(const uint8_t *W /* (n_out, n_in) */, ActH x, float *y /* (T, ldy) */,
+                  int ldy, const float *bias /* (n_out) or NULL */, int T, int n_in, int n_out,
+                  int accumulate) {
     __shared__ float xs[SG_K][SG_T + 1], ws[SG_K][SG_N + 1];
     int t0 = blockIdx.x * SG_T, n0 = blockIdx.y * SG_N;
-    int tx = threadIdx.x % 16, ty = threadIdx.x / 16; // this thread: tokens t0 + 4ty.., rows n0 + 4tx..
+    // this thread: tokens t0 + 4ty.., rows n0 + 4tx..
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -4097,13 +4291,15 @@ __global__ void __launch_bounds__(256) matmul_f32_kernel(const uint8_t *W /* (n_
 #define ROW_THREADS 256
 
 // out[t] = rmsnorm(x[t]) * w as an fp16 row with its scale. C twin: rmsnorm_c per row.
-__global__ void __launch_bounds__(ROW_THREADS) rmsnorm_rows_kernel(ActH out, const float *x /* (T, n) */,
-                                                                   const float *w /* (n) */, int n, float eps) {
+__global__ void __launch_bounds__(ROW_THREADS)
+rmsnorm_rows_kernel(ActH out, const float *x /* (T, n) */, const float *w /* (n) */, int n,
+                    float eps) {
     const float *xr = x + (size_t)blockIdx.x * n;
     float ss = 0.0f, amax = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     float scale = rsqrtf(block_sum(ss) / n + eps);
-    for (int i = threadIdx.x; i < n; i += blockDim.x) amax = fmaxf(amax, fabsf(xr[i] * scale * w[i]));
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        amax = fmaxf(amax, fabsf(xr[i] * scale * w[i]));
     float s = row_scale(block_max(amax));
     __half *o = out.h + (size_t)blockIdx.x * out.ld;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -4116,8 +4312,9 @@ __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_rows_kernel(ActH out, con
 
 // out[t] = silu(g[t]) * u[t] as an fp16 row with its scale (the FFN's hidden row). C twin:
 // silu_c(g) * u in ffn_block_cpu.
-__global__ void __launch_bounds__(ROW_THREADS) silu_mul_rows_kernel(ActH out, const float *g /* (T, n) */,
-                                                                    const float *u /* (T, n) */, int n) {
+__global__ void __launch_bounds__(ROW_THREADS)
+silu_mul_rows_kernel(ActH out, const float *g /* (T, n) */, const float *u /* (T, n) */,
+                     int n) {
     size_t r = (size_t)blockIdx.x * n;
     float amax = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -4142,18 +4339,19 @@ __global__ void __launch_bounds__(ROW_THREADS) silu_mul_rows_kernel(ActH out, co
 // is read from q_src + h*q_stride (qwen35 interleaves q with its gate) and written to q (may be the
 // same memory). C twin: rmsnorm_c per head, rope_neox_c, and the copy into the cache in
 // attention_block_cpu.
-__global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) out
-                                         const float *q_src,  // (n_head, q_stride) in
-                                         int q_stride,
-                                         const float *k,      // (n_kv, hd)
-                                         const float *v,      // (n_kv, hd)
-                                         const float *q_norm, // (hd) or NULL
-                                         const float *k_norm, // (hd) or NULL
-                                         __half *kc,          // (n_ctx, n_kv, hd) this layer's caches
-                                         __half *vc,          // (n_ctx, n_kv, hd)
-                                         const int *pos_p,    // (1) this token's position, on the GPU
-                                         int n_head, int n_kv, int hd, int n_rot,
-                                         float base, float freq_scale, float eps) {
+__global__ void
+rope_and_kv_store_kernel(float *q,            // (n_head, hd) out
+                         const float *q_src,  // (n_head, q_stride) in
+                         int q_stride,
+                         const float *k,      // (n_kv, hd)
+                         const float *v,      // (n_kv, hd)
+                         const float *q_norm, // (hd) or NULL
+                         const float *k_norm, // (hd) or NULL
+                         __half *kc,          // (n_ctx, n_kv, hd) this layer's caches
+                         __half *vc,          // (n_ctx, n_kv, hd)
+                         const int *pos_p,    // (1) this token's position, on the GPU
+                         int n_head, int n_kv, int hd, int n_rot,
+                         float base, float freq_scale, float eps) {
     extern __shared__ float buf[]; // (hd)
     int h = blockIdx.x, t = blockIdx.y, pos = *pos_p + t; // row t of the batch
     q += (size_t)t * n_head * hd;
@@ -4180,7 +4378,8 @@ __global__ void rope_and_kv_store_kernel(float *q,            // (n_head, hd) ou
         if (i < n_rot) {
             float2 a = rope_angle(pos, i < half_rot ? i : i - half_rot, n_rot, base, freq_scale);
             float cs = a.x, sn = a.y;
-            y = i < half_rot ? buf[i] * cs - buf[i + half_rot] * sn : buf[i - half_rot] * sn + buf[i] * cs;
+            y = i < half_rot ? buf[i] * cs - buf[i + half_rot] * sn
+                             : buf[i - half_rot] * sn + buf[i] * cs;
         } else {
             y = buf[i];
         }
@@ -4215,20 +4414,21 @@ __host__ __device__ static inline int pa_tk(int hd) { return hd > 128 ? 32 : 64;
 // tk+8) halves, m and l (PA_TQ) floats
 static size_t pa_smem(int hd) {
     int tk = pa_tk(hd);
-    return (size_t)(PA_TQ + 2 * tk) * (hd + 8) * 2 + (size_t)PA_TQ * (tk + 4) * 4 + (size_t)PA_TQ * (tk + 8) * 2 +
-           2 * PA_TQ * 4;
+    return (size_t)(PA_TQ + 2 * tk) * (hd + 8) * 2 + (size_t)PA_TQ * (tk + 4) * 4 +
+           (size_t)PA_TQ * (tk + 8) * 2 + 2 * PA_TQ * 4;
 }
 __global__ void __launch_bounds__(PA_THREADS)
 attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
                          const __half *kc,  // (n_ctx, n_kv, hd) this layer's caches
                          const __half *vc,
                          ActH out,          // (T, n_head*hd)
-                         const float *gate, // qwen35: row t head h at gate + t*gate_row + h*2*hd, or NULL
+                         const float *gate, // qwen35: row t, head h at t*gate_row + h*2*hd; or NULL
                          int gate_row, int pos0, int T, int n_head, int n_kv, int hd) {
     using namespace nvcuda;
     extern __shared__ __align__(32) uint8_t pa_sm[];
     int tk = pa_tk(hd), ld = hd + 8, lds = tk + 4, ldp = tk + 8;
-    __half *Qs = (__half *)pa_sm, *Ks = Qs + PA_TQ * ld, *Vs = Ks + tk * ld; // (PA_TQ | tk | tk, ld)
+    // (PA_TQ | tk | tk, ld)
+    __half *Qs = (__half *)pa_sm, *Ks = Qs + PA_TQ * ld, *Vs = Ks + tk * ld;
     float *Ss = (float *)(Vs + tk * ld);                                     // (PA_TQ, lds)
     __half *Ps = (__half *)(Ss + PA_TQ * lds);                               // (PA_TQ, ldp)
     float *ms = (float *)(Ps + PA_TQ * ldp), *ls = ms + PA_TQ;               // (PA_TQ) each
@@ -4243,14 +4443,16 @@ attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
     int last_key = pos0 + min(tq0 + PA_TQ, T) - 1; // the block's last visible key
     // the softmax rows: 4 threads per query row, tk/4 keys each
     int sr = threadIdx.x / 4, sp = threadIdx.x % 4, st = tq0 + sr;
-    int qg = warp % 4, dh = warp / 4, nf = hd / 32; // PV: queries 16 qg.., dims dh*hd/2.. in nf tiles
+    // PV: queries 16 qg.., dims dh*hd/2.. in nf tiles
+    int qg = warp % 4, dh = warp / 4, nf = hd / 32;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[8];
 #pragma unroll
     for (int f = 0; f < 8; f++) wmma::fill_fragment(o[f], 0.0f);
     for (int pass = 0; pass < 2; pass++) {
         for (int k0 = 0; k0 <= last_key; k0 += tk) {
             __syncthreads(); // the previous chunk is consumed (the first time: Q, m, l are written)
-            for (int i = threadIdx.x; i < tk * hd / 8; i += PA_THREADS) { // K (and V) chunk, 16 bytes each
+            // K (and V) chunk, 16 bytes each
+            for (int i = threadIdx.x; i < tk * hd / 8; i += PA_THREADS) {
                 int r = i / (hd / 8), c = i % (hd / 8), key = k0 + r;
                 uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
                 if (key <= last_key) {
@@ -4353,11 +4555,13 @@ __global__ void gdn_conv_rows_kernel(float *y,        // (T, conv_dim) out
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         int tt = t - 3 + k;
-        sum += w[4 * c + k] * (tt >= 0 ? x[(size_t)tt * conv_dim + c] : cs[(size_t)(3 + tt) * conv_dim + c]);
+        sum += w[4 * c + k] *
+               (tt >= 0 ? x[(size_t)tt * conv_dim + c] : cs[(size_t)(3 + tt) * conv_dim + c]);
     }
     y[i] = silu(sum);
 }
-__global__ void gdn_conv_state_kernel(float *cs /* (3, conv_dim) */, const float *x /* (T, conv_dim) */, int conv_dim, int T) {
+__global__ void gdn_conv_state_kernel(float *cs /* (3, conv_dim) */,
+                                      const float *x /* (T, conv_dim) */, int conv_dim, int T) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= conv_dim) return;
     float v[3];
@@ -4379,14 +4583,15 @@ __global__ void gdn_norm_gates_rows_kernel(float *mixed,           // (T, conv_d
                                            int Hk, int Hv, float eps) {
     int S = blockDim.x, t = blockIdx.y, conv_dim = (2 * Hk + Hv) * S;
     float *y = mixed + (size_t)t * conv_dim + blockIdx.x * S + threadIdx.x;
-    gdn_head_finish(y, blockIdx.x, Hk, Hv, beta_raw + (size_t)t * Hv, alpha_raw + (size_t)t * Hv, dt_bias, ssm_a,
-                    gb + (size_t)t * 2 * Hv, eps);
+    gdn_head_finish(y, blockIdx.x, Hk, Hv, beta_raw + (size_t)t * Hv, alpha_raw + (size_t)t * Hv,
+                    dt_bias, ssm_a, gb + (size_t)t * 2 * Hv, eps);
 }
 
 // Gated RMSNorm of every v head of row t, as the fp16 input row of ssm_out: one block per row
 // (S threads), o overwritten with the fp32 result on the way. C twin: gated_rmsnorm_c.
-__global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */, const float *z /* (T, Hv*S) */,
-                                          const float *w /* (S) */, int Hv, float eps) {
+__global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */,
+                                          const float *z /* (T, Hv*S) */, const float *w /* (S) */,
+                                          int Hv, float eps) {
     int S = blockDim.x;
     size_t r = (size_t)blockIdx.x * Hv * S;
     float amax = 0.0f;
@@ -4412,7 +4617,8 @@ __global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */, co
 // nll[r] = -log softmax(logits[r])[target[r]] = log sum_i exp(l_i - max) + max - l_target, one
 // block per row: perplexity needs only these, not the rows themselves. C twin: log_softmax in
 // ppl_score.
-__global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *target /* (nr) */, float *nll /* (nr) */, int V) {
+__global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *target /* (nr) */,
+                               float *nll /* (nr) */, int V) {
     const float *l = logits + (size_t)blockIdx.x * V;
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, l[i]);
@@ -4467,7 +4673,7 @@ typedef struct {
     __half *key_cache;     // (n_kv_layers, n_ctx, n_head_kv, head_dim)
     __half *value_cache;   // (n_kv_layers, n_ctx, n_head_kv, head_dim)
     int *pos;              // (1) position of the token being processed
-    float2 *rope_cs;       // (head_dim / 2; the first n_rot / 2 used) cos, sin of its RoPE angles (rope_angles_kernel)
+    float2 *rope_cs;       // (head_dim / 2; n_rot / 2 used) cos, sin of its RoPE angles
     float *h_x;            // pinned host (n_embd): the embedding row on its way up
     int *h_pos;            // pinned host (1)
     float *h_logits;       // pinned host (n_vocab): logits on their way down
@@ -4476,7 +4682,7 @@ typedef struct {
     int n_batch;           // -b; 0 when the model's shapes rule the batched path out
     int n_logit_rows;      // rows of logits one batched pass returns at most
     size_t batch_bytes;    // the buffers below
-    size_t wscratch_elems; // fp16 copy of a slice of a quantized weight without planes (0: none needed)
+    size_t wscratch_elems; // fp16 copy of a slice of a weight without planes (0: none needed)
     int f32_rows;          // some product has float weights: bxh carries fp32 rows too
     float *bx;             // (n_batch, n_embd) residual stream rows
     ActH bxh;              // (n_batch, ld) fp16 input rows of the next product, ld = widest input
@@ -4511,8 +4717,9 @@ static int g_n_batch = 512;
 // in one list for the prefill plan and the FLOP count of --bench.
 #define N_LAYER_PRODUCTS 12
 static void layer_products(const LayerWeights *L, const Tensor *out[N_LAYER_PRODUCTS]) {
-    const Tensor *lt[N_LAYER_PRODUCTS] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->wqkv, &L->wz, &L->w_beta, &L->w_alpha,
-                                          &L->ssm_out, &L->w_gate, &L->w_up, &L->w_down};
+    const Tensor *lt[N_LAYER_PRODUCTS] = {&L->wq,      &L->wk,     &L->wv,     &L->wo,
+                                          &L->wqkv,    &L->wz,     &L->w_beta, &L->w_alpha,
+                                          &L->ssm_out, &L->w_gate, &L->w_up,   &L->w_down};
     memcpy(out, lt, sizeof lt);
 }
 
@@ -4527,7 +4734,8 @@ static void prefill_plan(GpuState *s, Model *m) {
     const Config *c = &m->c;
     s->n_batch = g_n_batch > 1 ? g_n_batch : 0;
     s->n_logit_rows = g_n_batch < LOGIT_ROWS ? g_n_batch : LOGIT_ROWS;
-    if (c->n_embd % 32 || c->n_head * c->head_dim % 32 || c->n_ff % 32 || c->ssm_inner % 32 || c->head_dim > 256)
+    if (c->n_embd % 32 || c->n_head * c->head_dim % 32 || c->n_ff % 32 || c->ssm_inner % 32 ||
+        c->head_dim > 256)
         s->n_batch = 0;
     s->wscratch_elems = 0;
     s->f32_rows = 0;
@@ -4575,10 +4783,11 @@ static int gpu_weight_list(Model *m, Tensor **list) {
     all[na++] = &w->output_bias;
     for (int l = 0; l < m->c.n_layer; l++) {
         LayerWeights *L = &w->layers[l];
-        Tensor *lt[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->bq, &L->bk, &L->bv, &L->q_norm,
-                        &L->k_norm, &L->wo, &L->wqkv, &L->wz, &L->conv1d, &L->dt_bias, &L->ssm_a,
-                        &L->w_beta, &L->w_alpha, &L->ssm_norm, &L->ssm_out, &L->ffn_norm, &L->w_gate,
-                        &L->w_up, &L->w_down};
+        Tensor *lt[] = {&L->attn_norm, &L->wq,      &L->wk,       &L->wv,      &L->bq,
+                        &L->bk,        &L->bv,      &L->q_norm,   &L->k_norm,  &L->wo,
+                        &L->wqkv,      &L->wz,      &L->conv1d,   &L->dt_bias, &L->ssm_a,
+                        &L->w_beta,    &L->w_alpha, &L->ssm_norm, &L->ssm_out, &L->ffn_norm,
+                        &L->w_gate,    &L->w_up,    &L->w_down};
         for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++) all[na++] = lt[i];
     }
     for (int i = 0; i < na; i++)
@@ -4598,7 +4807,7 @@ static int gpu_weight_list(Model *m, Tensor **list) {
 // (the context's own share is measured, not guessed). --vram-limit SIZE makes the engine behave as
 // if the card had SIZE bytes in total, e.g. 15.5G to rehearse a 16 GB V100 on a bigger GPU.
 
-#define UPLOAD_CHUNK ((size_t)32 << 20) // staging for the weight upload: 2 chunks pinned, 2 on the GPU
+#define UPLOAD_CHUNK ((size_t)32 << 20) // staging of the upload: 2 chunks pinned, 2 on the GPU
 
 typedef struct {
     size_t weights_by_type[GGML_TYPE_COUNT];
@@ -4656,8 +4865,8 @@ static void budget_measure(Budget *b, double vram_limit) {
     b->card_free = fr;
     if (vram_limit > 0) {
         if (vram_limit > (double)total)
-            fprintf(stderr, "note: --vram-limit %.2f GiB is more than the card's %.2f GiB; using the card's\n",
-                    vram_limit / 1073741824.0, total / 1073741824.0);
+            fprintf(stderr, "note: --vram-limit %.2f GiB is more than the card's %.2f GiB; using "
+                    "the card's\n", vram_limit / 1073741824.0, total / 1073741824.0);
         else {
             b->card_total = (size_t)vram_limit;
             b->card_free = b->card_total > b->context ? b->card_total - b->context : 0;
@@ -4673,7 +4882,8 @@ static void budget_print(const Budget *b, const Model *m, int n_ctx, double vram
     const Config *c = &m->c;
     char label[96];
     fprintf(f, "VRAM budget for -c %d (GiB):\n", n_ctx);
-#define LINE(value, ...) (snprintf(label, sizeof label, __VA_ARGS__), fprintf(f, "  %-52s %8.3f\n", label, (value) / G))
+#define LINE(value, ...)                                                                           \
+    (snprintf(label, sizeof label, __VA_ARGS__), fprintf(f, "  %-52s %8.3f\n", label, (value) / G))
     for (int t = 0; t < GGML_TYPE_COUNT; t++)
         if (b->weights_by_type[t]) LINE(b->weights_by_type[t], "weights %s", type_name(t));
     LINE(b->kv, "KV cache: %d attention layers x %d tokens, fp16", c->n_kv_layers, n_ctx);
@@ -4684,11 +4894,12 @@ static void budget_print(const Budget *b, const Model *m, int n_ctx, double vram
     LINE(b->staging, "upload staging (freed after the load)");
     if (b->measured) {
         LINE(b->context, "CUDA context + others on the card (measured)");
-        fprintf(f, "  %-52s %8.3f of %.3f%s: %s\n", "total", (budget_need(b) + b->context) / G, b->card_total / G,
-                vram_limit > 0 ? " (--vram-limit)" : "", budget_fits(b) ? "fits" : "DOES NOT FIT");
+        fprintf(f, "  %-52s %8.3f of %.3f%s: %s\n", "total", (budget_need(b) + b->context) / G,
+                b->card_total / G, vram_limit > 0 ? " (--vram-limit)" : "",
+                budget_fits(b) ? "fits" : "DOES NOT FIT");
     } else {
-        fprintf(f, "  %-52s %8.3f (without the CUDA context: no GPU here to compare with)\n", "total",
-                budget_need(b) / G);
+        fprintf(f, "  %-52s %8.3f (without the CUDA context: no GPU here to compare with)\n",
+                "total", budget_need(b) / G);
     }
 #undef LINE
 }
@@ -4712,7 +4923,8 @@ static FitHint budget_hint(const Budget *b, Model *m, int n_ctx) {
     }
     h.max_ctx = lo;
     h.bpw = 8.0 * b->weights / b->weight_elems;
-    double room = (double)b->card_free - (double)(budget_need(b) - b->weights); // left for the weights
+    // left for the weights
+    double room = (double)b->card_free - (double)(budget_need(b) - b->weights);
     h.bpw_fit = room > 0 ? 8.0 * room / b->weight_elems : 0.0;
     return h;
 }
@@ -4721,14 +4933,18 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
     const double G = 1073741824.0;
     budget_print(b, m, n_ctx, vram_limit, f);
     FitHint h = budget_hint(b, m, n_ctx);
-    fprintf(f, "error: the model needs %.2f GiB on top of the CUDA context but only %.2f GiB are free%s; qwen.cu keeps "
-            "every layer on the GPU, so it stops here (no weight was loaded)\n",
-            budget_need(b) / G, b->card_free / G, vram_limit > 0 ? " under --vram-limit" : "");
-    if (h.max_ctx >= 1) fprintf(f, "hint: with this file, the largest context that fits is -c %d\n", h.max_ctx);
-    else fprintf(f, "hint: with this file not even -c 1 fits: the weights alone are %.2f GiB\n", b->weights / G);
-    fprintf(f, "hint: this file's weights average %.2f bits/weight; to fit with -c %d they must average at most %.2f "
-            "(IQ4_XS is 4.25, Q4_0 4.5; below 4.25 needs a smaller quantization than qwen.cu supports)\n",
-            h.bpw, n_ctx, h.bpw_fit);
+    fprintf(f, "error: the model needs %.2f GiB on top of the CUDA context but only %.2f GiB are "
+            "free%s; qwen.cu keeps every layer on the GPU, so it stops here (no weight was "
+            "loaded)\n", budget_need(b) / G, b->card_free / G,
+            vram_limit > 0 ? " under --vram-limit" : "");
+    if (h.max_ctx >= 1)
+        fprintf(f, "hint: with this file, the largest context that fits is -c %d\n", h.max_ctx);
+    else
+        fprintf(f, "hint: with this file not even -c 1 fits: the weights alone are %.2f GiB\n",
+                b->weights / G);
+    fprintf(f, "hint: this file's weights average %.2f bits/weight; to fit with -c %d they must "
+            "average at most %.2f (IQ4_XS is 4.25, Q4_0 4.5; below 4.25 needs a smaller "
+            "quantization than qwen.cu supports)\n", h.bpw, n_ctx, h.bpw_fit);
 }
 
 // The step order of the planes (6.3): for every streaming launch of a token, as matvec and
@@ -4745,9 +4961,11 @@ static void step_order_set(int n, Tensor *const *W) {
     for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], NULL, NULL);
     if (!mv_use_stream(&p, (int)W[0]->n_in)) return;
     mv_plan_runs(&p, 1);
-    for (int i = 0; i < n; i++) // rows of whole chunks, whole units: all of the launch's matrices, or none
+    // rows of whole chunks, whole units: all of the launch's matrices, or none
+    for (int i = 0; i < n; i++)
         if (W[i]->n_in % (32 * WARP) != 0 || W[i]->n_out % MV_ROWS != 0) return;
-    for (int i = 0; i < n; i++) W[i]->so = StepOrder{p.upw, p.first_unit[i], p.first_unit[i + 1] - p.first_unit[i]};
+    for (int i = 0; i < n; i++)
+        W[i]->so = StepOrder{p.upw, p.first_unit[i], p.first_unit[i + 1] - p.first_unit[i]};
 }
 static void step_order_group(int n, Tensor *const *W) {
     int all_fast = 1, any_iq4 = 0;
@@ -4817,19 +5035,23 @@ static void upload_weights(Model *m, GpuState *s) {
         t->dev = (uint8_t *)s->weights + off;
         int repack = is_fast_type(t->type);
         size_t tsz = TYPE_TRAITS[t->type].type_size;
-        size_t step = repack ? chunk / tsz * tsz : chunk; // whole file blocks per chunk when repacking
+        // whole file blocks per chunk when repacking
+        size_t step = repack ? chunk / tsz * tsz : chunk;
         size_t NB = (size_t)(t->n_in / 32) * t->n_out;    // 32-weight sub-blocks in the tensor
         if (repack && NB > UINT32_MAX) // the fast mat-vecs index sub-blocks in 32 bits
-            die("tensor %s: %zu sub-blocks of 32 weights, more than the fast mat-vecs address (2^32)", t->name, NB);
+            die("tensor %s: %zu sub-blocks of 32 weights, more than the fast mat-vecs address "
+                "(2^32)", t->name, NB);
         for (size_t done_b = 0; done_b < t->nbytes; done_b += step) {
             size_t nb = t->nbytes - done_b < step ? t->nbytes - done_b : step;
             CUDA_CHECK(cudaEventSynchronize(done[half])); // this half's previous copy has finished
             memcpy(stage + half * chunk, t->host + done_b, nb);
             if (repack) {
-                CUDA_CHECK(cudaMemcpyAsync(dev_stage[half], stage + half * chunk, nb, cudaMemcpyHostToDevice, s->stream));
+                CUDA_CHECK(cudaMemcpyAsync(dev_stage[half], stage + half * chunk, nb,
+                                           cudaMemcpyHostToDevice, s->stream));
                 size_t nblk = nb / tsz;
                 repack_kernel<<<(unsigned)((nblk + 255) / 256), 256, 0, s->stream>>>(
-                    t->type, (int)tsz, dev_stage[half], (uint8_t *)t->dev, done_b / tsz, nblk, NB, t->so, (int)(t->n_in / 32));
+                    t->type, (int)tsz, dev_stage[half], (uint8_t *)t->dev, done_b / tsz, nblk, NB,
+                    t->so, (int)(t->n_in / 32));
                 KERNEL_CHECK();
             } else {
                 CUDA_CHECK(cudaMemcpyAsync((uint8_t *)t->dev + done_b, stage + half * chunk, nb,
@@ -4841,14 +5063,15 @@ static void upload_weights(Model *m, GpuState *s) {
             double now = now_sec();
             if (show && now - last_print > 0.25) {
                 last_print = now;
-                fprintf(stderr, "\rloading weights: %6.2f / %.2f GB  (%.2f GB/s)", copied / 1e9, total / 1e9,
-                        copied / 1e9 / (now - t0 + 1e-9));
+                fprintf(stderr, "\rloading weights: %6.2f / %.2f GB  (%.2f GB/s)", copied / 1e9,
+                        total / 1e9, copied / 1e9 / (now - t0 + 1e-9));
             }
         }
         t->planes = repack;
         off += ALIGN256(t->nbytes);
         // the tied output shares its bytes with token_embd
-        if (t == &m->w.output && m->w.output.host == m->w.token_embd.host) m->w.token_embd.dev = t->dev;
+        if (t == &m->w.output && m->w.output.host == m->w.token_embd.host)
+            m->w.token_embd.dev = t->dev;
     }
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
     size_t fr, tot;
@@ -4857,8 +5080,8 @@ static void upload_weights(Model *m, GpuState *s) {
     double dt = now_sec() - t0;
     if (show) fprintf(stderr, "\r");
     if (g_verbose)
-        fprintf(stderr, "loaded %.2f GB of weights to the GPU in %.2f s (%.2f GB/s)\n", copied / 1e9, dt,
-                copied / 1e9 / (dt + 1e-9));
+        fprintf(stderr, "loaded %.2f GB of weights to the GPU in %.2f s (%.2f GB/s)\n",
+                copied / 1e9, dt, copied / 1e9 / (dt + 1e-9));
     cudaEventDestroy(done[0]);
     cudaEventDestroy(done[1]);
     CUDA_CHECK(cudaFreeHost(stage));
@@ -4898,8 +5121,10 @@ static size_t prefill_ld(const Config *c) {
 static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *base) {
     size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
     size_t cache = (size_t)c->n_kv_layers * n_ctx * kvdim; // elements per cache
-    size_t conv_dim = gdn_conv_dim(c), vdim = (size_t)c->ssm_inner, Hv = (size_t)c->ssm_v_heads, S = (size_t)c->ssm_state;
-    size_t conv_bytes = (size_t)c->n_gdn_layers * 3 * conv_dim * 4, ssm_bytes = (size_t)c->n_gdn_layers * Hv * S * S * 4;
+    size_t conv_dim = gdn_conv_dim(c), vdim = (size_t)c->ssm_inner, Hv = (size_t)c->ssm_v_heads,
+           S = (size_t)c->ssm_state;
+    size_t conv_bytes = (size_t)c->n_gdn_layers * 3 * conv_dim * 4,
+           ssm_bytes = (size_t)c->n_gdn_layers * Hv * S * S * 4;
     int n_split = att_splits(n_ctx, c->head_dim);
     uint8_t *p = base;
 #define CARVE(ptr, type, bytes) (ptr = (type)p, p += ALIGN256(bytes))
@@ -4935,7 +5160,8 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
     CARVE(s->value_cache, __half *, cache * 2);
     uint8_t *batch_start = p;
     if (s->n_batch > 0) {
-        size_t B = (size_t)s->n_batch, ld = prefill_ld(c), gdim = c->arch == ARCH_QWEN35 ? 2 * qdim : 0;
+        size_t B = (size_t)s->n_batch, ld = prefill_ld(c),
+               gdim = c->arch == ARCH_QWEN35 ? 2 * qdim : 0;
         CARVE(s->bx, float *, B * c->n_embd * 4);
         CARVE(s->bxh.h, __half *, B * ld * 2);
         CARVE(s->bxh.s, float *, B * 4);
@@ -4985,9 +5211,11 @@ static void gpu_state_init(GpuState *s, Model *m, int n_ctx) {
     CUDA_CHECK(cudaMallocHost((void **)&s->h_logits, c->n_vocab * 4u));
     if (s->n_batch) {
         CUDA_CHECK(cudaMallocHost((void **)&s->h_bx, (size_t)s->n_batch * c->n_embd * 4));
-        CUDA_CHECK(cudaMallocHost((void **)&s->h_blogits, (size_t)s->n_logit_rows * c->n_vocab * 4));
+        CUDA_CHECK(
+            cudaMallocHost((void **)&s->h_blogits, (size_t)s->n_logit_rows * c->n_vocab * 4));
         if (pa_smem(c->head_dim) > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+            CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)pa_smem(c->head_dim)));
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
@@ -5104,7 +5332,8 @@ static void gpu_capture(const Model *m, GpuState *s) {
     CUDA_CHECK(cudaMemcpyAsync(s->x, s->h_x, m->c.n_embd * 4u, cudaMemcpyHostToDevice, st));
     CUDA_CHECK(cudaMemcpyAsync(s->pos, s->h_pos, 4, cudaMemcpyHostToDevice, st));
     forward_gpu_enqueue(m, s);
-    CUDA_CHECK(cudaMemcpyAsync(s->h_logits, s->logits, m->c.n_vocab * 4u, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(
+        cudaMemcpyAsync(s->h_logits, s->logits, m->c.n_vocab * 4u, cudaMemcpyDeviceToHost, st));
     CUDA_CHECK(cudaStreamEndCapture(st, &graph));
     CUDA_CHECK(cudaGraphInstantiateWithFlags(&s->graph, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
@@ -5132,10 +5361,13 @@ static int mm_resident(int type) {
         int dev;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-#define OPT_IN(TY)                                                                                                 \
-    CUDA_CHECK(cudaFuncSetAttribute(matmul_kernel<TY>, cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM));    \
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[TY], matmul_kernel<TY>, MM_THREADS, MM_SMEM))
-        OPT_IN(GGML_TYPE_F16); OPT_IN(GGML_TYPE_Q4_0); OPT_IN(GGML_TYPE_IQ4_XS); OPT_IN(GGML_TYPE_Q5_K); OPT_IN(GGML_TYPE_Q6_K);
+#define OPT_IN(TY)                                                                                 \
+    CUDA_CHECK(cudaFuncSetAttribute(matmul_kernel<TY>,                                             \
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM));        \
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[TY], matmul_kernel<TY>,       \
+                                                             MM_THREADS, MM_SMEM))
+        OPT_IN(GGML_TYPE_F16); OPT_IN(GGML_TYPE_Q4_0); OPT_IN(GGML_TYPE_IQ4_XS);
+        OPT_IN(GGML_TYPE_Q5_K); OPT_IN(GGML_TYPE_Q6_K);
 #undef OPT_IN
     }
     if (type < 0) { // the most over all types: what s->bpart is sized for
@@ -5149,27 +5381,41 @@ static int mm_resident(int type) {
 // The tensor-core product of weights w (planes of a fast type, or fp16 rows): matmul_kernel on a
 // grid of the blocks that fit on the GPU (no more than there are steps, nor than s->bpart has slots
 // for), then matmul_fixup_kernel for the tiles cut between blocks.
-static void matmul_tc(int type, const uint8_t *w /* planes (NB sub-blocks) or (n_out, n_in) fp16 */, size_t NB, StepOrder so,
-                      const ActH *x, int T, float *y /* (T, ldy) */, int ldy, const float *bias /* (n_out) or NULL */,
-                      int n_in, int n_out, int accumulate, GpuState *s) {
+static void matmul_tc(int type, const uint8_t *w /* planes (NB sub-blocks) or (n_out, n_in) fp16 */,
+                      size_t NB, StepOrder so, const ActH *x, int T, float *y /* (T, ldy) */,
+                      int ldy, const float *bias /* (n_out) or NULL */, int n_in, int n_out,
+                      int accumulate, GpuState *s) {
     cudaStream_t st = s->stream;
-    int n_tiles = ((T + MM_TT - 1) / MM_TT) * ((n_out + MM_TN - 1) / MM_TN), n_steps = (n_in / 32 + 1) / 2;
+    int n_tiles = ((T + MM_TT - 1) / MM_TT) * ((n_out + MM_TN - 1) / MM_TN),
+        n_steps = (n_in / 32 + 1) / 2;
     long long total = (long long)n_tiles * n_steps;
     if ((long long)T * x->ld >= (1ll << 31) || total >= (1ll << 31))
-        die("prefill: a product of %d rows x %d by %d x %d is too large for one pass (use a smaller -b)", T, n_in, n_out, n_in);
+        die("prefill: a product of %d rows x %d by %d x %d is too large for one pass (use a "
+            "smaller -b)", T, n_in, n_out, n_in);
     long long G = mm_resident(type);
     if (G > total) G = total;
-    if (G > (long long)(s->part_elems / (2 * MM_SLOT))) G = (long long)(s->part_elems / (2 * MM_SLOT));
+    if (G > (long long)(s->part_elems / (2 * MM_SLOT)))
+        G = (long long)(s->part_elems / (2 * MM_SLOT));
     if (G < 1) G = 1; // one block cuts no tile: part is never written
     switch (type) {
-#define MM(TY) case TY: matmul_kernel<TY><<<(unsigned)G, MM_THREADS, MM_SMEM, st>>>(w, NB, so, *x, y, s->bpart, ldy, bias, T, n_in, n_out, accumulate); break
-    MM(GGML_TYPE_F16); MM(GGML_TYPE_Q4_0); MM(GGML_TYPE_IQ4_XS); MM(GGML_TYPE_Q5_K); MM(GGML_TYPE_Q6_K);
+#define MM(TY)                                                                                     \
+    case TY:                                                                                       \
+        matmul_kernel<TY><<<(unsigned)G, MM_THREADS, MM_SMEM, st>>>(w, NB, so, *x, y, s->bpart,    \
+                                                                    ldy, bias, T, n_in, n_out,     \
+                                                                    accumulate);                   \
+        break
+        MM(GGML_TYPE_F16);
+        MM(GGML_TYPE_Q4_0);
+        MM(GGML_TYPE_IQ4_XS);
+        MM(GGML_TYPE_Q5_K);
+        MM(GGML_TYPE_Q6_K);
 #undef MM
     default: die("matmul_tc: type %s", type_name(type));
     }
     KERNEL_CHECK();
     if (G > 1) {
-        matmul_fixup_kernel<<<(unsigned)n_tiles, 256, 0, st>>>(y, ldy, s->bpart, (int)G, bias, T, n_in, n_out, accumulate);
+        matmul_fixup_kernel<<<(unsigned)n_tiles, 256, 0, st>>>(y, ldy, s->bpart, (int)G, bias, T,
+                                                               n_in, n_out, accumulate);
         KERNEL_CHECK();
     }
 }
@@ -5185,9 +5431,15 @@ static void matmul(const Tensor *W, const ActH *x, int T, float *y /* (T, ldy) *
     if (is_float_weight(W->type)) {
         if (!x->f) die("prefill: float weight '%s' but no fp32 rows", W->name);
         dim3 grid((unsigned)((T + SG_T - 1) / SG_T), (unsigned)((n_out + SG_N - 1) / SG_N));
-        if (W->type == GGML_TYPE_F32) matmul_f32_kernel<GGML_TYPE_F32><<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
-        if (W->type == GGML_TYPE_F16) matmul_f32_kernel<GGML_TYPE_F16><<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
-        if (W->type == GGML_TYPE_BF16) matmul_f32_kernel<GGML_TYPE_BF16><<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
+        if (W->type == GGML_TYPE_F32)
+            matmul_f32_kernel<GGML_TYPE_F32>
+                <<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
+        if (W->type == GGML_TYPE_F16)
+            matmul_f32_kernel<GGML_TYPE_F16>
+                <<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
+        if (W->type == GGML_TYPE_BF16)
+            matmul_f32_kernel<GGML_TYPE_BF16>
+                <<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
         KERNEL_CHECK();
         return;
     }
@@ -5204,20 +5456,23 @@ static void matmul(const Tensor *W, const ActH *x, int T, float *y /* (T, ldy) *
         size_t units = (size_t)nr * (n_in / 32);
         unsigned blocks = (unsigned)((units + 127) / 128);
         switch (W->type) {
-#define CASE(TY) case TY: dequant_f16_kernel<TY><<<blocks, 128, 0, st>>>(w, stride, s->wscratch, r0, nr, n_in); break
+#define CASE(TY)                                                                                   \
+    case TY:                                                                                       \
+        dequant_f16_kernel<TY><<<blocks, 128, 0, st>>>(w, stride, s->wscratch, r0, nr, n_in);      \
+        break
         CASE(GGML_TYPE_Q4_1); CASE(GGML_TYPE_Q5_0); CASE(GGML_TYPE_Q5_1);
         CASE(GGML_TYPE_Q8_0); CASE(GGML_TYPE_IQ4_NL); CASE(GGML_TYPE_Q4_K);
 #undef CASE
         default: die("prefill: no GPU path for type %s (tensor '%s')", type_name(W->type), W->name);
         }
         KERNEL_CHECK();
-        matmul_tc(GGML_TYPE_F16, (const uint8_t *)s->wscratch, 0, StepOrder{0, 0, 0}, x, T, y + r0, ldy, bias ? bias + r0 : NULL, n_in, nr,
-                  accumulate, s);
+        matmul_tc(GGML_TYPE_F16, (const uint8_t *)s->wscratch, 0, StepOrder{0, 0, 0}, x, T, y + r0,
+                  ldy, bias ? bias + r0 : NULL, n_in, nr, accumulate, s);
     }
 }
 
-static void rmsnorm_rows(ActH *out /* (T, n) fp16 rows */, const float *x /* (T, n) */, const float *w /* (n) */, int T, int n,
-                         float eps, cudaStream_t st) {
+static void rmsnorm_rows(ActH *out /* (T, n) fp16 rows */, const float *x /* (T, n) */,
+                         const float *w /* (n) */, int T, int n, float eps, cudaStream_t st) {
     rmsnorm_rows_kernel<<<T, ROW_THREADS, 0, st>>>(*out, x, w, n, eps);
     KERNEL_CHECK();
 }
@@ -5333,13 +5588,14 @@ static void batch_output_gpu(const Model *m, GpuState *s, int r0, int nr) {
 // ... and copied to s->h_blogits (nr, n_vocab).
 static void batch_logits_gpu(const Model *m, GpuState *s, int r0, int nr) {
     batch_output_gpu(m, s, r0, nr);
-    CUDA_CHECK(cudaMemcpyAsync(s->h_blogits, s->blogits, (size_t)nr * m->c.n_vocab * 4, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaMemcpyAsync(s->h_blogits, s->blogits, (size_t)nr * m->c.n_vocab * 4,
+                               cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
 }
 
 // Negative log-likelihoods of batch rows [r0, r0 + nr) for the given next tokens into nll (host).
-static void batch_nll_gpu(const Model *m, GpuState *s, int r0, int nr, const int *targets /* (nr) */,
-                          float *nll /* (nr) host */) {
+static void batch_nll_gpu(const Model *m, GpuState *s, int r0, int nr,
+                          const int *targets /* (nr) */, float *nll /* (nr) host */) {
     batch_output_gpu(m, s, r0, nr);
     int *dt = (int *)s->bpart; // the split-product scratch is free between products
     float *dn = s->bpart + nr;
@@ -5374,7 +5630,8 @@ typedef struct {
     Candidate *cand; // (n_vocab) scratch
 } Sampler;
 
-static void sampler_init(Sampler *s, int n_vocab, float temp, int top_k, float top_p, float min_p, uint64_t seed) {
+static void sampler_init(Sampler *s, int n_vocab, float temp, int top_k, float top_p, float min_p,
+                         uint64_t seed) {
     s->n_vocab = n_vocab;
     s->temp = temp;
     s->top_k = top_k;
@@ -5408,7 +5665,9 @@ static int cand_before(const Candidate *a, const Candidate *b) {
     return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
 }
 static int cand_cmp(const void *a, const void *b) {
-    return cand_before((const Candidate *)a, (const Candidate *)b) ? -1 : cand_before((const Candidate *)b, (const Candidate *)a);
+    return cand_before((const Candidate *)a, (const Candidate *)b)
+               ? -1
+               : cand_before((const Candidate *)b, (const Candidate *)a);
 }
 
 // Keep the k best candidates of c[0..n) in c[0..k): a min-heap of the best k seen so far.
@@ -5437,7 +5696,11 @@ static int sample(Sampler *s, const float *logits) {
     if (s->temp <= 0.0f) return argmax(logits, s->n_vocab);
     Candidate *c = s->cand;
     int n = s->n_vocab, nan = 0;
-    for (int i = 0; i < n; i++) { c[i].logit = logits[i]; c[i].id = i; nan |= logits[i] != logits[i]; }
+    for (int i = 0; i < n; i++) {
+        c[i].logit = logits[i];
+        c[i].id = i;
+        nan |= logits[i] != logits[i];
+    }
     if (nan) return -1;
     if (s->top_k > 0 && s->top_k < n) {
         keep_top_k(c, n, s->top_k);
@@ -5450,7 +5713,8 @@ static int sample(Sampler *s, const float *logits) {
     for (int i = 0; i < n; i++) { c[i].p = expf(c[i].logit - mx); sum += c[i].p; }
     if (!isfinite(mx)) return -1; // an infinity (no NaN is left: the copy above looked)
     for (int i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
-    if (s->min_p > 0.0f) { // keep p >= min_p * p_max; p_max = 1/sum (the top token always, even for min_p > 1)
+    // keep p >= min_p * p_max; p_max = 1/sum (the top token always, even for min_p > 1)
+    if (s->min_p > 0.0f) {
         float cut = s->min_p * (float)(1.0 / sum);
         int m = 0;
         for (int i = 0; i < n; i++) if (c[i].p >= cut || c[i].logit == mx) c[m++] = c[i];
@@ -5523,7 +5787,8 @@ static void engine_free(Engine *e) {
 
 // Feed `token` at position `pos`; returns the logits (n_vocab), valid until the next call.
 static float *engine_forward(Engine *e, int token, int pos) {
-    if (token < 0 || token >= e->m->c.n_vocab) die("token id %d is outside the vocabulary (0..%d)", token, e->m->c.n_vocab - 1);
+    if (token < 0 || token >= e->m->c.n_vocab)
+        die("token id %d is outside the vocabulary (0..%d)", token, e->m->c.n_vocab - 1);
     if (e->use_gpu) {
         forward_gpu(e->m, &e->gpu, token, pos);
         return e->gpu.h_logits;
@@ -5542,7 +5807,8 @@ static void check_tokens(const Config *c, const int *tokens, int n, const char *
 // rows; after each batch, rows(e, ctx, i0, r, nr) for its rows r .. r+nr-1 (groups of at most
 // n_logit_rows) that hold prompt indices i0 .. i0+nr-1 >= first.
 typedef void (*RowsFn)(Engine *e, void *ctx, int i0, int r, int nr);
-static void gpu_prompt_batches(Engine *e, const int *tokens /* (n) */, int n, int pos, int first, RowsFn rows, void *ctx) {
+static void gpu_prompt_batches(Engine *e, const int *tokens /* (n) */, int n, int pos, int first,
+                               RowsFn rows, void *ctx) {
     GpuState *s = &e->gpu;
     for (int b0 = 0; b0 < n; b0 += s->n_batch) {
         int T = n - b0 < s->n_batch ? n - b0 : s->n_batch;
@@ -5568,7 +5834,8 @@ static void eval_rows(Engine *e, void *p, int i0, int r, int nr) {
         if (v->each) v->each(v->ctx, i0 + k, e->gpu.h_blogits + (size_t)k * V);
     v->last = e->gpu.h_blogits + (size_t)(nr - 1) * V;
 }
-static float *engine_eval(Engine *e, const int *tokens, int n, int pos, int first, LogitsFn each, void *ctx) {
+static float *engine_eval(Engine *e, const int *tokens, int n, int pos, int first, LogitsFn each,
+                          void *ctx) {
     check_tokens(&e->m->c, tokens, n, "token");
     if (n < 1 || first > n - 1) die("engine_eval: %d tokens, logits from %d", n, first);
     if (!e->use_gpu || !e->gpu.n_batch || n == 1) {
@@ -5587,7 +5854,8 @@ static float *engine_eval(Engine *e, const int *tokens, int n, int pos, int firs
 // Bytes the GPU moves to produce one token at context length n_past: every uploaded weight once,
 // the K and V cache rows of every attention layer, the DeltaNet states read and written.
 static double bytes_per_token(const Config *c, const GpuState *s, double n_past) {
-    return (double)s->weight_bytes + 2.0 * c->n_kv_layers * n_past * c->n_head_kv * c->head_dim * sizeof(__half) +
+    return (double)s->weight_bytes +
+           2.0 * c->n_kv_layers * n_past * c->n_head_kv * c->head_dim * sizeof(__half) +
            2.0 * s->state_bytes;
 }
 
@@ -5785,20 +6053,22 @@ static int arg_int(const char *opt, const char *v) {
 static float arg_float(const char *opt, const char *v) {
     char *end;
     float x = (float)strtod(v, &end);
-    if (end == v || *end || !isfinite(x)) die("%s '%s': expected a number", opt, v); // inf, nan, or past a float's range
+    // inf, nan, or past a float's range
+    if (end == v || *end || !isfinite(x)) die("%s '%s': expected a number", opt, v);
     return x;
 }
 
 // qwen --info: the file's metadata, its tensors and the VRAM budget, without generating.
 static void print_info(Model *m, int n_ctx) {
     const GGUF *g = &m->gguf;
-    printf("GGUF v%u, %lld metadata keys, %lld tensors, alignment %u, data at byte %zu\n\n", g->version,
-           (long long)g->n_kv, (long long)g->n_tensors, g->alignment, g->data_offset);
+    printf("GGUF v%u, %lld metadata keys, %lld tensors, alignment %u, data at byte %zu\n\n",
+           g->version, (long long)g->n_kv, (long long)g->n_tensors, g->alignment, g->data_offset);
     for (int64_t i = 0; i < g->n_kv; i++) {
         const GGUFKV *kv = &g->kv[i];
         printf("  %-44s %-4s ", kv->key, GGUF_TYPE_NAME[kv->type]);
         if (kv->type == GGUF_TYPE_STRING) {
-            printf("\"%.*s\"%s\n", (int)(kv->n < 80 ? kv->n : 80), (const char *)kv->data, kv->n > 80 ? "..." : "");
+            printf("\"%.*s\"%s\n", (int)(kv->n < 80 ? kv->n : 80), (const char *)kv->data,
+                   kv->n > 80 ? "..." : "");
         } else if (kv->type == GGUF_TYPE_ARRAY) {
             printf("[%llu x %s]", (unsigned long long)kv->n, GGUF_TYPE_NAME[kv->arr_type]);
             if (kv->arr_type == GGUF_TYPE_STRING) {
@@ -5837,16 +6107,19 @@ static void print_info(Model *m, int n_ctx) {
         const GGUFTensor *t = &g->tensors[i];
         char shape[64];
         int n = snprintf(shape, sizeof shape, "{%lld", (long long)t->ne[0]);
-        for (int d = 1; d < t->n_dims; d++) n += snprintf(shape + n, sizeof shape - n, ", %lld", (long long)t->ne[d]);
+        for (int d = 1; d < t->n_dims; d++)
+            n += snprintf(shape + n, sizeof shape - n, ", %lld", (long long)t->ne[d]);
         snprintf(shape + n, sizeof shape - n, "}");
-        printf("  %-40s %-8s %-26s %12.3f\n", t->name, type_name(t->type), shape, t->nbytes / 1048576.0);
+        printf("  %-40s %-8s %-26s %12.3f\n", t->name, type_name(t->type), shape,
+               t->nbytes / 1048576.0);
         total += t->nbytes;
     }
     const Config *c = &m->c;
     printf("  %-40s %-8s %-26s %12.3f\n\n", "total", "", "", total / 1048576.0);
-    printf("%s: %d layers (%d attention, %d Gated DeltaNet), n_embd %d, n_ff %d, %d/%d heads x %d, RoPE %d dims base %g, "
-           "vocab %d, trained context %d\n\n", c->arch_name, c->n_layer, c->n_kv_layers, c->n_gdn_layers, c->n_embd, c->n_ff,
-           c->n_head, c->n_head_kv, c->head_dim, c->n_rot, c->rope_base, c->n_vocab, c->n_ctx_train);
+    printf("%s: %d layers (%d attention, %d Gated DeltaNet), n_embd %d, n_ff %d, %d/%d heads x %d, "
+           "RoPE %d dims base %g, vocab %d, trained context %d\n\n", c->arch_name, c->n_layer,
+           c->n_kv_layers, c->n_gdn_layers, c->n_embd, c->n_ff, c->n_head,
+           c->n_head_kv, c->head_dim, c->n_rot, c->rope_base, c->n_vocab, c->n_ctx_train);
     Budget b;
     memset(&b, 0, sizeof b);
     if (gpu_available()) budget_measure(&b, g_vram_limit);
@@ -5876,7 +6149,8 @@ static void print_info(Model *m, int n_ctx) {
 static size_t kld_record_words(int n_vocab) { return 2 * (((size_t)n_vocab + 1) / 2) + 4; }
 
 // one position's logits -> a base-file record
-static void kld_encode(const float *logits /* (n_vocab) */, int n_vocab, uint16_t *rec /* (kld_record_words) */) {
+static void kld_encode(const float *logits /* (n_vocab) */, int n_vocab,
+                       uint16_t *rec /* (kld_record_words) */) {
     float mx = logits[0], mn = logits[0];
     for (int i = 1; i < n_vocab; i++) { mx = fmaxf(mx, logits[i]); mn = fminf(mn, logits[i]); }
     mn = fmaxf(mn, mx - 16.0f);
@@ -5900,7 +6174,8 @@ static void log_softmax(const float *logits, int n_vocab, double *lp) {
     double lse = mx + log(sum);
     for (int i = 0; i < n_vocab; i++) lp[i] = logits[i] - lse;
 }
-static void kld_decode(const uint16_t *rec /* (kld_record_words) */, int n_vocab, double *lp /* (n_vocab) */) {
+static void kld_decode(const uint16_t *rec /* (kld_record_words) */, int n_vocab,
+                       double *lp /* (n_vocab) */) {
     float scale, min_log_prob;
     memcpy(&scale, rec, 4);
     memcpy(&min_log_prob, rec + 2, 4);
@@ -5917,39 +6192,52 @@ typedef struct {
 } KldBase;
 
 // Read and check a base file: magic, header, size, a vocabulary that matches the model's.
-static int kld_base_read(KldBase *b, const char *path, int n_vocab_model, char *err, size_t errlen) {
+static int kld_base_read(KldBase *b, const char *path, int n_vocab_model, char *err,
+                         size_t errlen) {
     memset(b, 0, sizeof *b);
     FILE *f = fopen(path, "rb");
     if (!f) { snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno)); return -1; }
     fseek(f, 0, SEEK_END);
     long sz = ftell(f);
     fseek(f, 0, SEEK_SET);
-    if (sz < 20) { fclose(f); snprintf(err, errlen, "'%s' is too short for a KL-divergence base file (%ld bytes)", path, sz); return -1; }
+    if (sz < 20) {
+        fclose(f);
+        snprintf(err, errlen, "'%s' is too short for a KL-divergence base file (%ld bytes)", path,
+                 sz);
+        return -1;
+    }
     b->data = (uint8_t *)xmalloc((size_t)sz);
     b->size = (size_t)sz;
     size_t got = fread(b->data, 1, b->size, f);
     fclose(f);
     if (got != b->size) { snprintf(err, errlen, "reading '%s' failed", path); return -1; }
     if (memcmp(b->data, "_logits_", 8) != 0) {
-        snprintf(err, errlen, "'%s' is not a KL-divergence base file (it does not start with \"_logits_\")", path);
+        snprintf(err, errlen,
+                 "'%s' is not a KL-divergence base file (it does not start with \"_logits_\")",
+                 path);
         return -1;
     }
     memcpy(&b->n_ctx, b->data + 8, 4);
     memcpy(&b->n_vocab, b->data + 12, 4);
     memcpy(&b->n_chunk, b->data + 16, 4);
-    if (b->n_ctx < 4 || b->n_ctx > (1u << 24) || b->n_vocab <= 0 || b->n_chunk <= 0 || b->n_chunk > (1 << 24)) {
-        snprintf(err, errlen, "'%s': implausible header (n_ctx %u, n_vocab %d, n_chunk %d)", path, b->n_ctx, b->n_vocab, b->n_chunk);
+    if (b->n_ctx < 4 || b->n_ctx > (1u << 24) || b->n_vocab <= 0 || b->n_chunk <= 0 ||
+        b->n_chunk > (1 << 24)) {
+        snprintf(err, errlen, "'%s': implausible header (n_ctx %u, n_vocab %d, n_chunk %d)", path,
+                 b->n_ctx, b->n_vocab, b->n_chunk);
         return -1;
     }
     if (b->n_vocab != n_vocab_model) {
-        snprintf(err, errlen, "'%s' was made with a vocabulary of %d tokens; this model has %d: not comparable", path,
-                 b->n_vocab, n_vocab_model);
+        snprintf(err, errlen,
+                 "'%s' was made with a vocabulary of %d tokens; this model has %d: not comparable",
+                 path, b->n_vocab, n_vocab_model);
         return -1;
     }
     size_t first = b->n_ctx / 2, per_chunk = b->n_ctx - 1 - first;
-    size_t need = 20 + (size_t)b->n_chunk * b->n_ctx * 4 + (size_t)b->n_chunk * per_chunk * kld_record_words(b->n_vocab) * 2;
+    size_t need = 20 + (size_t)b->n_chunk * b->n_ctx * 4 +
+                  (size_t)b->n_chunk * per_chunk * kld_record_words(b->n_vocab) * 2;
     if (b->size < need) {
-        snprintf(err, errlen, "'%s' is truncated: %d chunks of %u tokens need %zu bytes, the file has %zu", path,
+        snprintf(err, errlen,
+                 "'%s' is truncated: %d chunks of %u tokens need %zu bytes, the file has %zu", path,
                  b->n_chunk, b->n_ctx, need, b->size);
         return -1;
     }
@@ -5957,15 +6245,17 @@ static int kld_base_read(KldBase *b, const char *path, int n_vocab_model, char *
     b->records = (const uint16_t *)(b->data + 20 + (size_t)b->n_chunk * b->n_ctx * 4);
     for (size_t i = 0; i < (size_t)b->n_chunk * b->n_ctx; i++)
         if (b->tokens[i] < 0 || b->tokens[i] >= b->n_vocab) {
-            snprintf(err, errlen, "'%s': token %zu (id %d) is outside the vocabulary", path, i, b->tokens[i]);
+            snprintf(err, errlen, "'%s': token %zu (id %d) is outside the vocabulary", path, i,
+                     b->tokens[i]);
             return -1;
         }
     return 0;
 }
 
-static void kld_base_write_header(FILE *f, uint32_t n_ctx, int32_t n_vocab, int32_t n_chunk, const int *tokens) {
-    if (fwrite("_logits_", 1, 8, f) != 8 || fwrite(&n_ctx, 4, 1, f) != 1 || fwrite(&n_vocab, 4, 1, f) != 1 ||
-        fwrite(&n_chunk, 4, 1, f) != 1)
+static void kld_base_write_header(FILE *f, uint32_t n_ctx, int32_t n_vocab, int32_t n_chunk,
+                                  const int *tokens) {
+    if (fwrite("_logits_", 1, 8, f) != 8 || fwrite(&n_ctx, 4, 1, f) != 1 ||
+        fwrite(&n_vocab, 4, 1, f) != 1 || fwrite(&n_chunk, 4, 1, f) != 1)
         die("writing the KL-divergence base file failed");
     for (size_t i = 0; i < (size_t)n_chunk * n_ctx; i++) {
         int32_t t = tokens[i];
@@ -5976,7 +6266,8 @@ static void kld_base_write_header(FILE *f, uint32_t n_ctx, int32_t n_vocab, int3
 typedef struct {
     double ppl, ppl_unc;          // ours
     double ppl_base, ppl_base_unc;
-    double kld_mean, kld_unc, kld_max, kld_median, kld_p999, kld_p99, kld_p10, kld_p5, kld_p1, kld_min;
+    double kld_mean, kld_unc, kld_max, kld_median, kld_p999, kld_p99, kld_p10, kld_p5, kld_p1,
+        kld_min;
     double same_top;              // fraction of positions whose most likely token is the base's
     double dp_mean, dp_rms;       // probability of the next token: ours minus the base's
     double ln_ratio_mean, ln_ratio_unc;
@@ -5984,7 +6275,10 @@ typedef struct {
     double tok_per_s;
 } PplResult;
 
-static int cmp_double(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 // mean and the standard error of the mean from a sum and a sum of squares
 static void mean_err(double sum, double sum2, int n, double *mean, double *err) {
@@ -6012,7 +6306,8 @@ static void nll_rows(Engine *e, void *ctx, int i0, int r, int nr) {
     batch_nll_gpu(e->m, &e->gpu, r, nr, c->targets + i0, part);
     for (int k = 0; k < nr; k++) c->nll[i0 + k - c->first] = part[k];
 }
-static void engine_nll(Engine *e, const int *tokens, const int *targets, int n, int first, double *nll) {
+static void engine_nll(Engine *e, const int *tokens, const int *targets, int n, int first,
+                       double *nll) {
     const Config *c = &e->m->c;
     check_tokens(c, targets, n, "target token");
     NllCtx ctx = {targets, nll, first, c->n_vocab, NULL};
@@ -6040,7 +6335,8 @@ typedef struct {
     int n, same;
 } PplAcc;
 
-static void ppl_score(void *ctx, int j, const float *logits) { // logits after token j predict token j+1
+// logits after token j predict token j+1
+static void ppl_score(void *ctx, int j, const float *logits) {
     PplAcc *a = (PplAcc *)ctx;
     int V = a->V;
     log_softmax(logits, V, a->lp);
@@ -6049,11 +6345,13 @@ static void ppl_score(void *ctx, int j, const float *logits) { // logits after t
     a->nll2 += l * l;
     if (a->out_base) {
         kld_encode(logits, V, a->rec);
-        if (fwrite(a->rec, 2, a->nv, a->out_base) != a->nv) die("writing the KL-divergence base file failed");
+        if (fwrite(a->rec, 2, a->nv, a->out_base) != a->nv)
+            die("writing the KL-divergence base file failed");
     }
     if (a->in_base) {
         const double *lp = a->lp, *lpb = a->lpb;
-        kld_decode(a->in_base->records + ((size_t)a->c * a->per_chunk + (j - a->first)) * a->nv, V, a->lpb);
+        kld_decode(a->in_base->records + ((size_t)a->c * a->per_chunk + (j - a->first)) * a->nv, V,
+                   a->lpb);
         double k = 0;
         int top = 0, topb = 0;
         for (int i = 0; i < V; i++) {
@@ -6080,8 +6378,8 @@ static void ppl_score(void *ctx, int j, const float *logits) { // logits after t
 // Evaluate tokens[0 .. n_chunk*n_ctx) chunk by chunk; with out_base also write the records of a
 // base file (its header first: kld_base_write_header), with in_base score against it. `e` must have
 // room for n_ctx positions.
-static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx, FILE *out_base, const KldBase *in_base,
-                            int verbose) {
+static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx, FILE *out_base,
+                            const KldBase *in_base, int verbose) {
     PplAcc a;
     memset(&a, 0, sizeof a);
     a.V = e->m->c.n_vocab;
@@ -6100,7 +6398,8 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
         a.c = c;
         a.tk = tokens + (size_t)c * n_ctx;
         if (out_base || in_base) {
-            engine_eval(e, a.tk, n_ctx - 1, 0, a.first, ppl_score, &a); // position 0 starts from an empty state
+            // position 0 starts from an empty state
+            engine_eval(e, a.tk, n_ctx - 1, 0, a.first, ppl_score, &a);
         } else { // plain perplexity: only the scored tokens' log-probabilities leave the GPU
             engine_nll(e, a.tk, a.tk + 1, n_ctx - 1, a.first, nll_chunk);
             for (int j = 0; j < a.per_chunk; j++) {
@@ -6115,7 +6414,8 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
         }
     }
     int n = a.n, same = a.same;
-    double nll = a.nll, nll2 = a.nll2, nllb = a.nllb, nllb2 = a.nllb2, dp = a.dp, dp2 = a.dp2, lr = a.lr, lr2 = a.lr2;
+    double nll = a.nll, nll2 = a.nll2, nllb = a.nllb, nllb2 = a.nllb2, dp = a.dp, dp2 = a.dp2,
+           lr = a.lr, lr2 = a.lr2;
     double kl = a.kl, kl2 = a.kl2, *klds = a.klds;
     PplResult r;
     memset(&r, 0, sizeof r);
@@ -6151,8 +6451,8 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
 }
 
 static void print_perplexity(const PplResult *r, int kld) {
-    printf("Final estimate: PPL = %.4f +/- %.5f   (%d scored tokens, %.1f tokens/s evaluated)\n", r->ppl, r->ppl_unc,
-           r->n_scored, r->tok_per_s);
+    printf("Final estimate: PPL = %.4f +/- %.5f   (%d scored tokens, %.1f tokens/s evaluated)\n",
+           r->ppl, r->ppl_unc, r->n_scored, r->tok_per_s);
     if (!kld) return;
     printf("\n====== Perplexity ======\n");
     printf("PPL(ours)                   : %10.6f +/- %.6f\n", r->ppl, r->ppl_unc);
@@ -6161,10 +6461,10 @@ static void print_perplexity(const PplResult *r, int kld) {
     printf("PPL(ours)/PPL(base)         : %10.6f\n", exp(r->ln_ratio_mean));
     printf("\n====== KL divergence, KL(base || ours) ======\n");
     printf("Mean    KLD: %.6f +/- %.6f\n", r->kld_mean, r->kld_unc);
-    printf("Maximum KLD: %.6f\n99.9%%   KLD: %.6f\n99.0%%   KLD: %.6f\nMedian  KLD: %.6f\n", r->kld_max, r->kld_p999,
-           r->kld_p99, r->kld_median);
-    printf("10.0%%   KLD: %.6f\n 5.0%%   KLD: %.6f\n 1.0%%   KLD: %.6f\nMinimum KLD: %.6f\n", r->kld_p10, r->kld_p5,
-           r->kld_p1, r->kld_min);
+    printf("Maximum KLD: %.6f\n99.9%%   KLD: %.6f\n99.0%%   KLD: %.6f\nMedian  KLD: %.6f\n",
+           r->kld_max, r->kld_p999, r->kld_p99, r->kld_median);
+    printf("10.0%%   KLD: %.6f\n 5.0%%   KLD: %.6f\n 1.0%%   KLD: %.6f\nMinimum KLD: %.6f\n",
+           r->kld_p10, r->kld_p5, r->kld_p1, r->kld_min);
     printf("\n====== Probability of the next token ======\n");
     printf("Mean    dp : %+.4f %%  (ours minus the base's)\n", 100 * r->dp_mean);
     printf("RMS     dp : %.4f %%\n", 100 * r->dp_rms);
@@ -6191,46 +6491,47 @@ typedef struct {
 } Args;
 
 static void usage(void) {
-    fprintf(stderr,
-            "usage: qwen -m MODEL.gguf [options]\n"
-            "  -m FILE           model file (GGUF: qwen2, qwen3, qwen35)\n"
-            "  -p TEXT           prompt text\n"
-            "  -f FILE           prompt text read from FILE, byte for byte\n"
-            "  --tokens 1,2,3    prompt as raw token ids\n"
-            "  --chat, -cnv      chat: the prompt (if any), then each line of stdin, becomes a user\n"
-            "                    turn of Qwen's ChatML; the KV cache is kept across turns\n"
-            "  --system TEXT     the system turn of the chat\n"
-            "  --no-think        Qwen3/3.5 chat without the thinking phase (an empty <think></think>)\n"
-            "  --special         print control tokens such as <|im_end|>\n"
-            "  --no-parse-special  treat special-token text in the prompt as plain text\n"
-            "  --perplexity      chunked perplexity of -f FILE (or -p TEXT, --tokens) with chunks of\n"
-            "                    -c tokens (default 512)\n"
-            "  --kl-divergence-base FILE  write llama.cpp's KL-divergence base file (implies\n"
-            "                    --perplexity)\n"
-            "  --kl-divergence   with --kl-divergence-base FILE: score against that file (its tokens)\n"
-            "  --chunks N        at most N chunks (0 or below: all)\n"
-            "  --tokenize        print the prompt's token ids (comma-separated) and exit; no GPU needed\n"
-            "  --detokenize IDS  print the text of ids such as 9707,1879 and exit\n"
-            "  -n N              tokens to generate (default 256)\n"
-            "  -c N              context length: the KV cache is allocated for N tokens (default\n"
-            "                    4096, at most the model's training context)\n"
-            "  -b N              prompt tokens per batched pass on the GPU (default 512; 1: one at a\n"
-            "                    time; with --dump-logits the default is 1)\n"
-            "  --temp T          temperature, 0 or below = greedy (default 0.8)\n"
-            "  --top-k K         keep the K most likely tokens, 0 or below = off (default 40)\n"
-            "  --top-p P         nucleus sampling, 1 = off (default 0.95)\n"
-            "  --min-p P         drop tokens below P x the top probability, 0 = off (default 0.05)\n"
-            "  --seed S          random seed (default: time)\n"
-            "  --dump-logits F   write the logits of every prompt position to F: raw little-endian\n"
-            "                    float32, [n_prompt_tokens][n_vocab], no header\n"
-            "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
-            "  --bench           decode speed at context 128 and 2048 against the GPU's copy\n"
-            "                    bandwidth, and prefill (pp512)\n"
-            "  --info            print the file's metadata, tensors and the VRAM budget for -c\n"
-            "  --vram-limit SIZE behave as if the GPU had SIZE of memory (e.g. 15.5G: a 16 GB V100)\n"
-            "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on\n"
-            "                    the GPU)\n"
-            "  -h, --help        this text\n");
+    fprintf(
+        stderr,
+        "usage: qwen -m MODEL.gguf [options]\n"
+        "  -m FILE           model file (GGUF: qwen2, qwen3, qwen35)\n"
+        "  -p TEXT           prompt text\n"
+        "  -f FILE           prompt text read from FILE, byte for byte\n"
+        "  --tokens 1,2,3    prompt as raw token ids\n"
+        "  --chat, -cnv      chat: the prompt (if any), then each line of stdin, becomes a user\n"
+        "                    turn of Qwen's ChatML; the KV cache is kept across turns\n"
+        "  --system TEXT     the system turn of the chat\n"
+        "  --no-think        Qwen3/3.5 chat without the thinking phase (an empty <think></think>)\n"
+        "  --special         print control tokens such as <|im_end|>\n"
+        "  --no-parse-special  treat special-token text in the prompt as plain text\n"
+        "  --perplexity      chunked perplexity of -f FILE (or -p TEXT, --tokens) with chunks of\n"
+        "                    -c tokens (default 512)\n"
+        "  --kl-divergence-base FILE  write llama.cpp's KL-divergence base file (implies\n"
+        "                    --perplexity)\n"
+        "  --kl-divergence   with --kl-divergence-base FILE: score against that file (its tokens)\n"
+        "  --chunks N        at most N chunks (0 or below: all)\n"
+        "  --tokenize        print the prompt's token ids (comma-separated) and exit (no GPU)\n"
+        "  --detokenize IDS  print the text of ids such as 9707,1879 and exit\n"
+        "  -n N              tokens to generate (default 256)\n"
+        "  -c N              context length: the KV cache is allocated for N tokens (default\n"
+        "                    4096, at most the model's training context)\n"
+        "  -b N              prompt tokens per batched pass on the GPU (default 512; 1: one at a\n"
+        "                    time; with --dump-logits the default is 1)\n"
+        "  --temp T          temperature, 0 or below = greedy (default 0.8)\n"
+        "  --top-k K         keep the K most likely tokens, 0 or below = off (default 40)\n"
+        "  --top-p P         nucleus sampling, 1 = off (default 0.95)\n"
+        "  --min-p P         drop tokens below P x the top probability, 0 = off (default 0.05)\n"
+        "  --seed S          random seed (default: time)\n"
+        "  --dump-logits F   write the logits of every prompt position to F: raw little-endian\n"
+        "                    float32, [n_prompt_tokens][n_vocab], no header\n"
+        "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
+        "  --bench           decode speed at context 128 and 2048 against the GPU's copy\n"
+        "                    bandwidth, and prefill (pp512)\n"
+        "  --info            print the file's metadata, tensors and the VRAM budget for -c\n"
+        "  --vram-limit SIZE behave as if the GPU had SIZE of memory (e.g. 15.5G: a 16 GB V100)\n"
+        "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on\n"
+        "                    the GPU)\n"
+        "  -h, --help        this text\n");
 }
 
 static void parse_args(Args *a, int argc, char **argv) {
@@ -6267,7 +6568,8 @@ static void parse_args(Args *a, int argc, char **argv) {
         else if (IS("--kl-divergence")) a->kld = 1;
         else if (IS("--kl-divergence-base")) a->kld_base_path = NEXT();
         else if (IS("--chunks")) a->max_chunks = arg_int(o, NEXT());
-        else if (IS("-b") || IS("--batch-size")) a->n_batch = arg_int(o, NEXT()), a->batch_given = 1;
+        else if (IS("-b") || IS("--batch-size"))
+            a->n_batch = arg_int(o, NEXT()), a->batch_given = 1;
         else if (IS("--temp")) a->temp = arg_float(o, NEXT());
         else if (IS("--top-k")) a->top_k = arg_int(o, NEXT());
         else if (IS("--top-p")) a->top_p = arg_float(o, NEXT());
@@ -6303,7 +6605,8 @@ static void parse_args(Args *a, int argc, char **argv) {
                         "whole model on the GPU\n");
     if ((a->prompt != NULL) + (a->prompt_file != NULL) + (a->tokens_arg != NULL) > 1)
         die("give the prompt one way: -p TEXT, -f FILE or --tokens IDS");
-    if (a->chat && a->tokens_arg) die("--chat builds its prompt from text: use -p or -f, not --tokens");
+    if (a->chat && a->tokens_arg)
+        die("--chat builds its prompt from text: use -p or -f, not --tokens");
     if (a->n_ctx <= 0) die("-c %d: the context length must be positive", a->n_ctx);
     if (a->n_batch <= 0) die("-b %d: the batch size must be positive", a->n_batch);
     if (a->n_predict < 0) die("-n %d: must be >= 0", a->n_predict);
@@ -6402,7 +6705,8 @@ static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const 
                 die("token %d (id %d) is outside the vocabulary", i, ptoks[i]);
     }
     if (a->max_chunks > 0 && n_chunk > a->max_chunks) n_chunk = a->max_chunks;
-    if (n_ctx > c->n_ctx_train) die("-c %d is above the model's training context %d", n_ctx, c->n_ctx_train);
+    if (n_ctx > c->n_ctx_train)
+        die("-c %d is above the model's training context %d", n_ctx, c->n_ctx_train);
     if (!a->use_cpu && !gpu_available())
         die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
     fprintf(stderr, "perplexity: %d chunks of %d tokens%s\n", n_chunk, n_ctx,
