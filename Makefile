@@ -71,12 +71,12 @@ test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/gen_model.cu $(LDLIBS) -lpthread
 
 # the floor of a decode token's chain of steps with ideal kernels (GPU only): test/step_floor [shape]
-test/step_floor: test/step_floor.cu qwen.cu tokenizer.c unicode_tables.h
+test/step_floor: test/step_floor.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/step_floor.cu
 
 # the measurements behind the engine's choices (GPU only): per-kernel tables, mat-vec kinds, size
 # sweeps. make bench builds test/bench; make bench MODEL=model.gguf also runs it
-test/bench$(SUFFIX): test/bench.cu qwen.cu tokenizer.c unicode_tables.h
+test/bench$(SUFFIX): test/bench.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/bench.cu
 bench: test/bench$(SUFFIX)
 	@if [ -n "$(MODEL)" ]; then ./test/bench$(SUFFIX) -m $(MODEL); fi

@@ -2418,6 +2418,7 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 
 // One kernel per type when all the matrices of a launch have one type (TYPE >= 0; gate/up, the
 // output matrix): each gets a register allocation of its own. TYPE = -1: any mix of the fast types.
+// C twin: matvec_xq_c per matrix.
 template <int TYPE, bool STEP, int THREADS>
 __global__ void __launch_bounds__(THREADS, THREADS >= MV_SM_THREADS ? 1 : MV_SM_THREADS / THREADS)
 matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
@@ -2590,6 +2591,7 @@ fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
     }
 }
 
+// One matrix, R rows per block. C twin: matvec_xq_c.
 template <int TYPE, int R, bool LOADS_FIRST>
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
 matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */,
@@ -2600,6 +2602,7 @@ matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */,
 
 // Up to four mat-vecs on the same input in one launch (q, k, v; or DeltaNet's qkv, z, beta, alpha):
 // each block finds its matrix by its index; the matrices may have different fast types.
+// C twin: matvec_xq_c per matrix.
 typedef struct {
     const uint8_t *w[BATCH_MAX];    // planes of matrix i, NB = n_out[i] * n_sub sub-blocks
     const float *bias[BATCH_MAX];   // (n_out[i]) or NULL
@@ -3198,6 +3201,7 @@ __device__ __forceinline__ void att_output_gate(const float *mo /* (g, hd) */, A
     }
 }
 
+// The kernel: steps 1-5 above. C twin: attention_c (after rmsnorm_c and rope_neox_c).
 // HD > 0: the head dim as a compile-time constant (unrolled loops, immediate offsets); 0: hd_arg.
 template <int HD>
 __global__ void __launch_bounds__(ATT_THREADS, 2) // 2 blocks per SM: at most 128 registers
@@ -3954,7 +3958,8 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw 
 }
 
 // The fp16 copy of rows [r0, r0 + n_rows) of a weight in its file layout (the types without
-// planes), for the product to read as GGML_TYPE_F16: one thread per 32-weight unit.
+// planes), for the product to read as GGML_TYPE_F16: one thread per 32-weight unit. C twin:
+// dequant_unit (the values; matmul_c rounds them to fp16 as this kernel stores them).
 template <int TYPE>
 __global__ void dequant_f16_kernel(const uint8_t *W /* rows of row_stride bytes */,
                                    size_t row_stride, __half *out /* (n_rows, n_in) */, int r0,
@@ -4155,7 +4160,8 @@ matmul_kernel(const uint8_t *W, // weights: planes (fast types) or fp16 rows (n_
 }
 
 // The tiles that matmul_kernel cut between blocks: y[t, n] (+)= (sum of the pieces in k order)
-// (+ bias[n]). One block per tile; tiles that one block finished return at once.
+// (+ bias[n]). One block per tile; tiles that one block finished return at once. C twin: the
+// sums of matmul_c (this kernel is the second half of the product).
 __global__ void matmul_fixup_kernel(float *y /* (T, ldy) */, int ldy,
                                     const float *part /* (G, 2, MM_TT, MM_TN) */, int G,
                                     const float *bias /* (n_out) or NULL */, int T, int n_in,
@@ -5885,6 +5891,7 @@ static int parse_ids(const char *s, int **out) {
 // adds the tables behind the choices in this file: per kernel, per mat-vec kind, size sweeps.
 
 // Uniform values in [-1, 1) for the KV cache, so that the timed attention works on real numbers.
+// (No C twin: benchmark input, not model math.)
 __global__ void fill_random_half_kernel(__half *p /* (n) */, size_t n, uint32_t seed) {
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {

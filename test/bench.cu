@@ -16,6 +16,7 @@
 // (forward_gpu_enqueue, forward_gpu_batch_enqueue), so they time exactly what the engine runs.
 #define TESTING
 #include "../qwen.cu"
+#include "graph_ms.h"
 #if CUDART_VERSION >= 12030
 #include <cxxabi.h>
 #endif
@@ -64,28 +65,6 @@ static void bench_read_stream(double copy_bw) {
     cudaFree(sink);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-}
-
-// Milliseconds per replay of a captured graph: instantiated, replayed once to warm up, then reps
-// times between two events. The graph is destroyed.
-static float graph_ms(cudaGraph_t graph, int reps, cudaStream_t st) {
-    cudaGraphExec_t exec;
-    cudaEvent_t e0, e1;
-    CUDA_CHECK(cudaEventCreate(&e0));
-    CUDA_CHECK(cudaEventCreate(&e1));
-    CUDA_CHECK(cudaGraphInstantiateWithFlags(&exec, graph, 0));
-    CUDA_CHECK(cudaGraphLaunch(exec, st));
-    CUDA_CHECK(cudaEventRecord(e0, st));
-    for (int r = 0; r < reps; r++) CUDA_CHECK(cudaGraphLaunch(exec, st));
-    CUDA_CHECK(cudaEventRecord(e1, st));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    CUDA_CHECK(cudaGraphExecDestroy(exec));
-    CUDA_CHECK(cudaGraphDestroy(graph));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return ms / reps;
 }
 
 // A kernel's name, template arguments included, without its parameter list.

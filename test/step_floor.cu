@@ -26,9 +26,10 @@
 //   (GPU only; not part of make test)
 
 // The engine without its main, for the benchmark's own pieces: CUDA_CHECK, measure_copy_bandwidth
-// (the copy bandwidth exactly as --bench measures it) and graph_ms.
+// (the copy bandwidth exactly as --bench measures it); graph_ms from graph_ms.h.
 #define TESTING
 #include "../qwen.cu"
+#include "graph_ms.h"
 #include <algorithm>
 
 // One step of the chain. n > 0: read n 16-byte units starting at unit off; n == 0: a short step.
@@ -461,7 +462,7 @@ int main(int argc, char **argv) {
         int dev, n_sm;
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
-        double read_bw, copy = measure_copy_bandwidth(&read_bw);
+        double copy = measure_copy_bandwidth();
         printf("copy bandwidth %.0f GB/s\n", copy / 1e9);
         if (shape[0] == 's') sizes(copy, n_sm);
         else order(copy, n_sm);
@@ -489,7 +490,7 @@ int main(int argc, char **argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     CUDA_CHECK(cudaEventCreate(&ev0));
     CUDA_CHECK(cudaEventCreate(&ev1));
-    double read_bw, copy = measure_copy_bandwidth(&read_bw);
+    double copy = measure_copy_bandwidth();
     printf("%s, %d SMs; copy bandwidth (1 GiB device-to-device, read + write): %.0f GB/s\n", prop.name, n_sm, copy / 1e9);
     printf("shape %s: %d steps (%d reads, %d short), %.2f GB read per token\n", shape, n, n_read, n - n_read, bytes / 1e9);
 
