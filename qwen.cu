@@ -91,6 +91,7 @@ static void kernel_check(const char *file, int line) {
 }
 #define KERNEL_CHECK() kernel_check(__FILE__, __LINE__)
 
+// malloc and calloc that never return NULL: running out of host memory is a fatal error.
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) die("out of host memory (asked for %zu bytes)", n);
@@ -512,6 +513,7 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
     return 0;
 }
 
+// Free what gguf_parse allocated and unmap the file; safe on a half-parsed GGUF.
 static void gguf_close(GGUF *g) {
     if (g->kv)
         for (int64_t i = 0; i < g->n_kv; i++) free(g->kv[i].key);
@@ -569,12 +571,14 @@ static int gguf_open(GGUF *g, const char *path) {
 // --- typed metadata access. Types are checked strictly, as llama.cpp does: a u32 key stored as
 // i32 is an error that names the key and both types. ---
 
+// The entry of a metadata key, or NULL.
 static const GGUFKV *gguf_find(const GGUF *g, const char *key) {
     for (int64_t i = 0; i < g->n_kv; i++)
         if (strcmp(g->kv[i].key, key) == 0) return &g->kv[i];
     return NULL;
 }
 
+// The entry of a key that must have the given type when present (NULL when absent).
 static const GGUFKV *gguf_need(const GGUF *g, const char *key, int type) {
     const GGUFKV *kv = gguf_find(g, key);
     if (!kv) return NULL;
@@ -584,6 +588,7 @@ static const GGUFKV *gguf_need(const GGUF *g, const char *key, int type) {
     return kv;
 }
 
+// Scalar values: def when the key is absent and not required; a missing required key is fatal.
 static uint32_t gguf_u32(const GGUF *g, const char *key, int required, uint32_t def) {
     const GGUFKV *kv = gguf_need(g, key, GGUF_TYPE_U32);
     if (!kv) {
@@ -658,6 +663,7 @@ static const char *gguf_next_str(const uint8_t **p, uint64_t *len) {
     return s;
 }
 
+// A tensor's info by its GGUF name, or NULL.
 static const GGUFTensor *gguf_tensor(const GGUF *g, const char *name) {
     for (int64_t i = 0; i < g->n_tensors; i++)
         if (strcmp(g->tensors[i].name, name) == 0) return &g->tensors[i];
@@ -997,6 +1003,8 @@ typedef struct {
     Weights w;
 } Model;
 
+// Every hyper-parameter from the metadata, each checked against the bounds the engine relies on;
+// the keys are prefixed by the architecture's name (qwen2., qwen3., qwen35.).
 static void config_from_gguf(Config *c, const GGUF *g) {
     char arch[64], key[160], buf[64];
     if (!gguf_str(g, "general.architecture", arch, sizeof arch))
@@ -1164,6 +1172,7 @@ static Tensor find_vector(const GGUF *g, const char *name, int64_t n, int requir
     return t;
 }
 
+// Every weight of the model by its GGUF name, each with the shape the config implies.
 static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
     char name[GGUF_MAX_NAME + 32];
     int64_t E = c->n_embd, F = c->n_ff, V = 0;
@@ -1275,6 +1284,7 @@ static size_t gdn_conv_dim(const Config *c) {
     return 2 * (size_t)c->ssm_k_heads * c->ssm_state + (size_t)c->ssm_inner;
 }
 
+// The CPU path's buffers, all zeroed: the KV cache for n_ctx positions and the DeltaNet states.
 static void cpu_state_init(CpuState *s, const Config *c, int n_ctx) {
     size_t qdim = (size_t)c->n_head * c->head_dim, kvdim = (size_t)c->n_head_kv * c->head_dim;
     size_t conv_dim = gdn_conv_dim(c), vdim = (size_t)c->ssm_inner, S = (size_t)c->ssm_state;
@@ -1606,6 +1616,7 @@ static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
 
 #define WARP 32
 
+// Sum (max) over the 32 lanes of a warp, by butterfly shuffles: every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
@@ -1838,6 +1849,7 @@ __host__ __device__ static inline int iq4_plane_ls(uint32_t lo, uint32_t hi, int
     return (int)(((uint64_t)hi << 32 | lo) >> (16 + 6 * sub)) & 63;
 }
 
+// The four types of real files' big matrices, which get planes and the fast mat-vecs.
 static int is_fast_type(int t) {
     return t == GGML_TYPE_Q4_0 || t == GGML_TYPE_IQ4_XS || t == GGML_TYPE_Q5_K ||
            t == GGML_TYPE_Q6_K;
@@ -2193,6 +2205,7 @@ __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const WSub &w, int, con
     return d * x.s * (float)(sc0 * dot16(lo, x.h0, x.l0) + sc1 * dot16(hi, x.h1, x.l1));
 }
 
+// Activation block u of a quantized vector (nb blocks): its four chunks, scale and sum.
 __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
     XBlock b;
     b.h0 = xq.q[u];
@@ -3778,6 +3791,7 @@ typedef struct {
     float *f;  // (T, ld) the rows x in fp32 for float weights (above), or NULL: none needs them
 } ActH;
 
+// The power-of-two scale of a row whose largest magnitude is amax: s = 2^(e - 12), amax < 2^e.
 __host__ __device__ static float row_scale(float amax) {
     if (!(amax > 0.0f) || amax > 1e30f) return 1.0f; // zero, inf or nan rows: nothing to scale
     int e;
@@ -4182,6 +4196,7 @@ __global__ void matmul_fixup_kernel(float *y /* (T, ldy) */, int ldy,
     }
 }
 
+// F32, F16 and BF16 weights: the prefill multiplies them in fp32 (section 8's header says why).
 static int is_float_weight(int type) {
     return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
 }
@@ -4881,8 +4896,10 @@ static void budget_measure(Budget *b, double vram_limit) {
     b->measured = 1;
 }
 
+// It fits when everything the engine allocates is free on the card after the context.
 static int budget_fits(const Budget *b) { return budget_need(b) <= b->card_free; }
 
+// The budget table of every GPU run and of --info: each part in GiB, then the total.
 static void budget_print(const Budget *b, const Model *m, int n_ctx, double vram_limit, FILE *f) {
     const double G = 1073741824.0;
     const Config *c = &m->c;

@@ -1426,6 +1426,27 @@ static void test_cli(void) {
         free(got);
         free(ref);
         unlink(cmd);
+        // on the GPU, --dump-logits goes token by token unless -b is given: the same bytes as -b 1
+        const char *name = "cli (GPU): --dump-logits without -b gives the bytes of -b 1 (seq-text)";
+        if (!HAVE_GPU) {
+            skip(name, "no GPU");
+        } else {
+            char *f[2] = {NULL, NULL};
+            size_t len[2] = {0, 0};
+            int rcs[2];
+            for (int k = 0; k < 2; k++) {
+                snprintf(c2, sizeof c2, "%s -m %s --tokens %s -n 0 %s --dump-logits %s.%d.f32 2>&1",
+                         QWEN, m, ids, k ? "-b 1" : "", tmp, k);
+                rcs[k] = run_cmd(c2, out, sizeof out);
+                snprintf(cmd, sizeof cmd, "%s.%d.f32", tmp, k);
+                f[k] = rcs[k] == 0 ? read_file(cmd, &len[k]) : NULL;
+                unlink(cmd);
+            }
+            check(f[0] && f[1] && len[0] == (size_t)text->n * 1024 * 4 && len[0] == len[1] &&
+                  !memcmp(f[0], f[1], len[0]), name);
+            free(f[0]);
+            free(f[1]);
+        }
     }
     // same seed -> same text; another seed -> another text
     {
