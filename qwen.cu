@@ -63,15 +63,24 @@
 // 1. Utilities
 // ------------------------------------------------------------------------------------------------
 
+// 1 while the text printed on stdout does not end with a newline (generation is mid-line): an
+// error then starts on a line of its own.
+static int g_stdout_midline = 0;
+// A file being written that an error would leave incomplete (a KL-divergence base file, a logits
+// dump): die() deletes it, so that no file that looks valid is left behind.
+static const char *g_partial_file = NULL;
+
 // Every fatal error goes through here: one line naming what went wrong, optionally a "hint:" line
 // saying what the user can do about it, and a non-zero exit. No error path crashes.
 static void die(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "error: ");
+    fflush(stdout);
+    fprintf(stderr, "%serror: ", g_stdout_midline ? "\n" : "");
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
+    if (g_partial_file) unlink(g_partial_file);
     exit(1);
 }
 
@@ -1077,16 +1086,23 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     if (c->n_rot <= 0 || c->n_rot > c->head_dim || c->n_rot % 2)
         die("%s.rope.dimension_count = %d: must be even and at most the head dim %d", arch,
             c->n_rot, c->head_dim);
+    // every float hyper-parameter finite and in range (a base of 0 or infinity would turn every
+    // angle into NaN, and the weights would be blamed for the logits)
     c->rope_base = gguf_f32(g, KEY("rope.freq_base"), 0, 10000.0f);
+    if (!(c->rope_base > 0.0f && isfinite(c->rope_base)))
+        die("metadata key '%s' = %g: must be a positive finite number", key, c->rope_base);
     c->rope_freq_scale = 1.0f;
     if (gguf_str(g, KEY("rope.scaling.type"), buf, sizeof buf) && strcmp(buf, "none") != 0 &&
         strcmp(buf, "linear") != 0)
         die("RoPE scaling type '%s' is not supported (only none and linear)", buf);
     float factor = gguf_f32(g, KEY("rope.scaling.factor"), 0, 0.0f);
     if (factor == 0.0f) factor = gguf_f32(g, KEY("rope.scale_linear"), 0, 0.0f);
+    if (!(factor >= 0.0f && factor <= 1e6f)) // 0: no scaling
+        die("metadata key '%s' = %g: a RoPE scaling factor must be in [0, 1e6]", key, factor);
     if (factor > 0.0f) c->rope_freq_scale = 1.0f / factor;
     c->eps = gguf_f32(g, KEY("attention.layer_norm_rms_epsilon"), 1, 0.0f);
-    if (!(c->eps > 0.0f)) die("%s = %g: must be positive", key, c->eps);
+    if (!(c->eps > 0.0f && c->eps < 1.0f))
+        die("metadata key '%s' = %g: must be in (0, 1)", key, c->eps);
 
     // Layer kinds. qwen2/qwen3: all attention. qwen35: Gated DeltaNet except every
     // full_attention_interval-th layer (3, 7, 11, ... with the default 4), unless
@@ -5882,20 +5898,25 @@ static double bytes_per_token(const Config *c, const GpuState *s, double n_past)
            2.0 * s->state_bytes;
 }
 
-// Parse "1,2,3" into ids; returns the count.
-static int parse_ids(const char *s, int **out) {
+// The ids of option opt, "1,2,3" (blanks around an id allowed), as a malloc'd array; returns the
+// count. An empty field, a field that is not a number, or an id past 2^31 - 1 is an error that
+// names the option and its whole argument.
+static int parse_ids(const char *opt, const char *s, int **out) {
     int cap = 16, n = 0;
     int *ids = (int *)xmalloc(cap * sizeof(int));
-    while (*s) {
-        while (*s == ',' || isspace((unsigned char)*s)) s++;
-        if (!*s) break;
+    for (const char *p = s;; p++) { // p: the start of a field
+        while (isspace((unsigned char)*p)) p++;
         char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 0 || v > INT32_MAX) die("--tokens: '%s' is not a list of token ids", s);
-        if (n == cap) ids = (int *)realloc(ids, (cap *= 2) * sizeof(int));
-        if (!ids) die("out of host memory");
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || !isdigit((unsigned char)*p) || v > INT32_MAX || errno)
+            die("%s '%s': not a list of token ids such as 9707,11,1879", opt, s);
+        if (n == cap && !(ids = (int *)realloc(ids, (cap *= 2) * sizeof(int))))
+            die("out of host memory");
         ids[n++] = (int)v;
-        s = end;
+        for (p = end; isspace((unsigned char)*p); p++) {}
+        if (!*p) break;
+        if (*p != ',') die("%s '%s': not a list of token ids such as 9707,11,1879", opt, s);
     }
     *out = ids;
     return n;
@@ -6076,15 +6097,14 @@ static int arg_int(const char *opt, const char *v) {
 }
 static float arg_float(const char *opt, const char *v) {
     char *end;
-    float x = (float)strtod(v, &end);
-    // inf, nan, or past a float's range
-    if (end == v || *end || !isfinite(x)) die("%s '%s': expected a number", opt, v);
-    return x;
+    double x = strtod(v, &end);
+    if (end == v || *end || isnan(x)) die("%s '%s': expected a number", opt, v);
+    if (!isfinite((float)x)) die("%s '%s': out of range", opt, v); // inf, or past a float's range
+    return (float)x;
 }
 
-// qwen --info: the file's metadata, its tensors and the VRAM budget, without generating.
-static void print_info(Model *m, int n_ctx) {
-    const GGUF *g = &m->gguf;
+// --info, the file: its metadata and its tensors (any GGUF file, vocabulary-only ones too).
+static void print_gguf(const GGUF *g) {
     printf("GGUF v%u, %lld metadata keys, %lld tensors, alignment %u, data at byte %zu\n\n",
            g->version, (long long)g->n_kv, (long long)g->n_tensors, g->alignment, g->data_offset);
     for (int64_t i = 0; i < g->n_kv; i++) {
@@ -6138,8 +6158,12 @@ static void print_info(Model *m, int n_ctx) {
                t->nbytes / 1048576.0);
         total += t->nbytes;
     }
-    const Config *c = &m->c;
     printf("  %-40s %-8s %-26s %12.3f\n\n", "total", "", "", total / 1048576.0);
+}
+
+// --info, the model: its shape and the VRAM budget for -c (measured on the card when there is one).
+static void print_model(Model *m, int n_ctx) {
+    const Config *c = &m->c;
     printf("%s: %d layers (%d attention, %d Gated DeltaNet), n_embd %d, n_ff %d, %d/%d heads x %d, "
            "RoPE %d dims base %g, vocab %d, trained context %d\n\n", c->arch_name, c->n_layer,
            c->n_kv_layers, c->n_gdn_layers, c->n_embd, c->n_ff, c->n_head,
@@ -6169,6 +6193,19 @@ static void print_info(Model *m, int n_ctx) {
 //   scale = (max - min_logit) / 65535, min_log_prob = min_logit - max - log(sum exp(logit - max)):
 //   log p = min_log_prob + scale * word.
 // llama.cpp writes and reads the same layout (--kl-divergence-base), so either can score the other.
+
+// Logits that hold a NaN or an infinity give no probabilities: every mode stops there, naming the
+// position (and the chunk: 0 outside perplexity).
+static void die_not_finite(int pos, int chunk) {
+    char where[48] = "";
+    if (chunk > 0) snprintf(where, sizeof where, " of chunk %d", chunk);
+    die("the logits at position %d%s are not finite (NaN or infinity): the model's weights hold "
+        "such values, or its activations overflowed", pos, where);
+}
+static void check_finite(const float *logits, int n, int pos, int chunk) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(logits[i])) die_not_finite(pos, chunk);
+}
 
 static size_t kld_record_words(int n_vocab) { return 2 * (((size_t)n_vocab + 1) / 2) + 4; }
 
@@ -6259,10 +6296,10 @@ static int kld_base_read(KldBase *b, const char *path, int n_vocab_model, char *
     size_t first = b->n_ctx / 2, per_chunk = b->n_ctx - 1 - first;
     size_t need = 20 + (size_t)b->n_chunk * b->n_ctx * 4 +
                   (size_t)b->n_chunk * per_chunk * kld_record_words(b->n_vocab) * 2;
-    if (b->size < need) {
-        snprintf(err, errlen,
-                 "'%s' is truncated: %d chunks of %u tokens need %zu bytes, the file has %zu", path,
-                 b->n_chunk, b->n_ctx, need, b->size);
+    if (b->size != need) {
+        snprintf(err, errlen, "'%s' is %s: %d chunks of %u tokens need %zu bytes, the file has %zu",
+                 path, b->size < need ? "truncated" : "longer than its header says", b->n_chunk,
+                 b->n_ctx, need, b->size);
         return -1;
     }
     b->tokens = (const int32_t *)(b->data + 20);
@@ -6273,6 +6310,18 @@ static int kld_base_read(KldBase *b, const char *path, int n_vocab_model, char *
                      b->tokens[i]);
             return -1;
         }
+    size_t nv = kld_record_words(b->n_vocab), n_rec = (size_t)b->n_chunk * per_chunk;
+    for (size_t r = 0; r < n_rec; r++) { // scale >= 0 and min_log_prob <= 0, both finite
+        float scale, min_log_prob;
+        memcpy(&scale, b->records + r * nv, 4);
+        memcpy(&min_log_prob, b->records + r * nv + 2, 4);
+        if (!(scale >= 0.0f && isfinite(scale) && min_log_prob <= 0.0f && isfinite(min_log_prob))) {
+            snprintf(err, errlen, "'%s': the record of chunk %zu, position %zu has scale %g and "
+                     "min_log_prob %g: not a log-probability record", path, r / per_chunk + 1,
+                     first + r % per_chunk, scale, min_log_prob);
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -6363,6 +6412,7 @@ typedef struct {
 static void ppl_score(void *ctx, int j, const float *logits) {
     PplAcc *a = (PplAcc *)ctx;
     int V = a->V;
+    check_finite(logits, V, j, a->c + 1);
     log_softmax(logits, V, a->lp);
     double l = -a->lp[a->tk[j + 1]];
     a->nll += l;
@@ -6426,6 +6476,8 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
             engine_eval(e, a.tk, n_ctx - 1, 0, a.first, ppl_score, &a);
         } else { // plain perplexity: only the scored tokens' log-probabilities leave the GPU
             engine_nll(e, a.tk, a.tk + 1, n_ctx - 1, a.first, nll_chunk);
+            for (int j = 0; j < a.per_chunk; j++)
+                if (!isfinite(nll_chunk[j])) die_not_finite(a.first + j, c + 1);
             for (int j = 0; j < a.per_chunk; j++) {
                 a.nll += nll_chunk[j];
                 a.nll2 += nll_chunk[j] * nll_chunk[j];
@@ -6514,9 +6566,9 @@ typedef struct {
     long long seed;
 } Args;
 
-static void usage(void) {
+static void usage(FILE *f) {
     fprintf(
-        stderr,
+        f,
         "usage: qwen -m MODEL.gguf [options]\n"
         "  -m FILE           model file (GGUF: qwen2, qwen3, qwen35)\n"
         "  -p TEXT           prompt text\n"
@@ -6611,17 +6663,17 @@ static void parse_args(Args *a, int argc, char **argv) {
             (void)NEXT();
             compat_note = 1;
         } else if (IS("-h") || IS("--help")) {
-            usage();
+            usage(stdout);
             exit(0);
         } else {
-            usage();
+            usage(stderr);
             die("unknown option '%s'", o);
         }
 #undef NEXT
 #undef IS
     }
     if (!a->model_path) {
-        usage();
+        usage(stderr);
         die("no model given (-m FILE)");
     }
     if (compat_note)
@@ -6631,6 +6683,7 @@ static void parse_args(Args *a, int argc, char **argv) {
         die("give the prompt one way: -p TEXT, -f FILE or --tokens IDS");
     if (a->chat && a->tokens_arg)
         die("--chat builds its prompt from text: use -p or -f, not --tokens");
+    if (a->system_prompt && !a->chat) die("--system sets the chat's system turn: add --chat");
     if (a->n_ctx <= 0) die("-c %d: the context length must be positive", a->n_ctx);
     if (a->n_batch <= 0) die("-b %d: the batch size must be positive", a->n_batch);
     if (a->n_predict < 0) die("-n %d: must be >= 0", a->n_predict);
@@ -6653,7 +6706,7 @@ static void parse_args(Args *a, int argc, char **argv) {
             n += got;
             if (n + 1 == cap && !(buf = (char *)realloc(buf, cap *= 2))) die("out of host memory");
         }
-        if (ferror(pf)) die("reading '%s' failed", a->prompt_file);
+        if (ferror(pf)) die("reading '%s' failed: %s", a->prompt_file, strerror(errno));
         fclose(pf);
         buf[n] = 0;
         a->prompt = a->prompt_buf = buf;
@@ -6666,7 +6719,7 @@ static void parse_args(Args *a, int argc, char **argv) {
 // --tokenize / --detokenize: the vocabulary alone (vocabulary-only files and no GPU are fine).
 static int mode_tokenize(const Args *a, const Tokenizer *tok, double t_load) {
     if (a->detok_arg) {
-        int *ids, n = parse_ids(a->detok_arg, &ids);
+        int *ids, n = parse_ids("--detokenize", a->detok_arg, &ids);
         for (int i = 0; i < n; i++)
             if (ids[i] >= tok->n_vocab)
                 die("--detokenize: id %d is outside the vocabulary (0..%d)", ids[i],
@@ -6713,7 +6766,7 @@ static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const 
         for (size_t i = 0; i < (size_t)n_chunk * n_ctx; i++) ptoks[i] = base.tokens[i];
     } else {
         if (a->tokens_arg) {
-            n_tok = parse_ids(a->tokens_arg, &ptoks);
+            n_tok = parse_ids("--tokens", a->tokens_arg, &ptoks);
         } else if (a->prompt) {
             if (!tok) die("%s: %s (pass the text as ids with --tokens)", a->model_path, tok_err);
             n_tok = tokenizer_encode(tok, a->prompt, a->prompt_len, 0, &ptoks);
@@ -6739,12 +6792,14 @@ static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const 
     if (a->kld_base_path && !a->kld) {
         if (!(out = fopen(a->kld_base_path, "wb")))
             die("cannot write '%s': %s", a->kld_base_path, strerror(errno));
+        g_partial_file = a->kld_base_path;
         kld_base_write_header(out, (uint32_t)n_ctx, c->n_vocab, n_chunk, ptoks);
     }
     Engine e;
     engine_init(&e, m, !a->use_cpu, n_ctx);
     PplResult r = perplexity(&e, ptoks, n_chunk, n_ctx, out, a->kld ? &base : NULL, 1);
     if (out && fclose(out) != 0) die("writing '%s' failed", a->kld_base_path);
+    g_partial_file = NULL;
     print_perplexity(&r, a->kld);
     engine_free(&e);
     free(ptoks);
@@ -6773,7 +6828,7 @@ typedef struct {
 } DumpCtx;
 static void dump_logits(void *ctx, int i, const float *logits) {
     DumpCtx *d = (DumpCtx *)ctx;
-    (void)i;
+    check_finite(logits, d->n_vocab, i, 0);
     if (fwrite(logits, sizeof(float), d->n_vocab, d->f) != (size_t)d->n_vocab)
         die("writing '%s' failed", d->path);
 }
@@ -6790,8 +6845,11 @@ static float *gen_feed(Gen *g, const int *ids, int n, DumpCtx *dump) {
 }
 
 static void gen_print(Gen *g, int id) {
+    int len = 1;
+    const char *p = g->tok ? tokenizer_piece(g->tok, id, g->special, &len) : " ";
     if (g->tok) stream_token(&g->out, g->tok, id, g->special);
     else printf("%d ", id);
+    if (len > 0) g_stdout_midline = p[len - 1] != '\n';
 }
 
 // The answer to what was fed: sample from logits, print, feed back.
@@ -6799,9 +6857,7 @@ static void gen_answer(Gen *g, float *logits) {
     const Config *c = &g->e.m->c;
     for (int n_gen = 0; n_gen < g->n_predict;) {
         int next = sample(&g->smp, logits);
-        if (next < 0)
-            die("the logits at position %d are not finite (NaN or infinity): the model's weights "
-                "hold such values, or its activations overflowed", g->pos - 1);
+        if (next < 0) die_not_finite(g->pos - 1, 0);
         n_gen++;
         int eog = g->tok && tokenizer_is_eog(g->tok, next);
         if (!eog || g->special) gen_print(g, next);
@@ -6820,6 +6876,7 @@ static void gen_answer(Gen *g, float *logits) {
     }
     stream_flush(&g->out);
     printf("\n");
+    g_stdout_midline = 0;
 }
 
 static void gen_init(Gen *g, const Args *a, Model *m, const Tokenizer *tok) {
@@ -6869,7 +6926,7 @@ static void gen_finish(Gen *g) {
 // prompt position's logits first.
 static int mode_generate(const Args *a, Model *m, const Tokenizer *tok) {
     int *ids = NULL, n = 0;
-    if (a->tokens_arg) n = parse_ids(a->tokens_arg, &ids);
+    if (a->tokens_arg) n = parse_ids("--tokens", a->tokens_arg, &ids);
     else if (a->prompt) n = tokenizer_encode(tok, a->prompt, a->prompt_len, a->parse_special, &ids);
     if (n == 0) die("empty prompt: give -p TEXT, -f FILE, --tokens IDS or --chat");
     check_tokens(&m->c, ids, n, "prompt token");
@@ -6880,8 +6937,10 @@ static int mode_generate(const Args *a, Model *m, const Tokenizer *tok) {
     DumpCtx dump = {NULL, a->dump_path, m->c.n_vocab};
     if (a->dump_path && !(dump.f = fopen(a->dump_path, "wb")))
         die("cannot write '%s': %s", a->dump_path, strerror(errno));
+    if (a->dump_path) g_partial_file = a->dump_path;
     float *logits = gen_feed(&g, ids, n, a->dump_path ? &dump : NULL);
     if (dump.f && fclose(dump.f) != 0) die("writing '%s' failed", a->dump_path);
+    g_partial_file = NULL;
     for (int i = 0; i < n; i++) gen_print(&g, ids[i]);
     fflush(stdout);
     gen_answer(&g, logits);
@@ -6891,25 +6950,26 @@ static int mode_generate(const Args *a, Model *m, const Tokenizer *tok) {
 }
 
 // One line from stdin (without its newline), or NULL at end of input. Shows `prompt` first when
-// stdin is a terminal.
+// stdin is a terminal. Blank lines are skipped: an empty user turn is not a question.
 static char *read_line_stdin(const char *prompt) {
-    if (prompt) {
-        fputs(prompt, stderr);
-        fflush(stderr);
-    }
-    size_t cap = 256, n = 0;
-    char *s = (char *)xmalloc(cap);
-    int ch;
-    while ((ch = getchar()) != EOF && ch != '\n') {
-        if (n + 1 == cap && !(s = (char *)realloc(s, cap *= 2))) die("out of host memory");
-        s[n++] = (char)ch;
-    }
-    if (ch == EOF && n == 0) {
+    for (;;) {
+        if (prompt) {
+            fputs(prompt, stderr);
+            fflush(stderr);
+        }
+        size_t cap = 256, n = 0, k = 0;
+        char *s = (char *)xmalloc(cap);
+        int ch;
+        while ((ch = getchar()) != EOF && ch != '\n') {
+            if (n + 1 == cap && !(s = (char *)realloc(s, cap *= 2))) die("out of host memory");
+            s[n++] = (char)ch;
+        }
+        s[n] = 0;
+        while (k < n && isspace((unsigned char)s[k])) k++;
+        if (k < n) return s;
         free(s);
-        return NULL;
+        if (ch == EOF) return NULL;
     }
-    s[n] = 0;
-    return s;
 }
 
 // Chat: the prompt (if any), then each line of stdin, is a user turn of Qwen's ChatML; the KV
@@ -6926,10 +6986,13 @@ static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
         die("the prompt has %d tokens but the context is %d: raise -c", n, a->n_ctx);
     Gen g;
     gen_init(&g, a, m, tok);
+    int rc = 0;
     for (;;) {
+        // the answers so far stand: the timing lines follow, then exit 1
         if (g.pos + n > a->n_ctx) {
             fprintf(stderr, "\nerror: the context is full (%d of %d tokens); restart with a "
                     "larger -c\n", g.pos, a->n_ctx);
+            rc = 1;
             break;
         }
         gen_answer(&g, gen_feed(&g, ids, n, NULL));
@@ -6949,7 +7012,22 @@ static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
     }
     free(ids);
     gen_finish(&g);
-    return 0;
+    return rc;
+}
+
+// The model's config and weights (exits naming the problem when the file holds no runnable model),
+// -c capped at the context it was trained for, and the model's line on stderr.
+static void load_model(Args *a, Model *m) {
+    model_load(m);
+    const Config *c = &m->c;
+    if (a->n_ctx > c->n_ctx_train) {
+        fprintf(stderr, "note: -c %d is above the model's training context %d; using %d\n",
+                a->n_ctx, c->n_ctx_train, c->n_ctx_train);
+        a->n_ctx = c->n_ctx_train;
+    }
+    fprintf(stderr, "model: %s, %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d\n",
+            c->arch_name, c->n_layer, c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff,
+            c->n_vocab);
 }
 
 int main(int argc, char **argv) {
@@ -6966,40 +7044,32 @@ int main(int argc, char **argv) {
     char tok_err[300];
     int have_tok = tokenizer_init(&tok, &m.gguf, 0, tok_err, sizeof tok_err) == 0;
     t_tok = now_sec() - t_tok;
-    int rc;
+    int rc = 0;
     if (a.tokenize || a.detok_arg) {
         if (!have_tok) die("%s: %s", a.model_path, tok_err);
         rc = mode_tokenize(&a, &tok, t_tok);
+    } else if (a.info && m.gguf.n_tensors == 0) { // what the file has: its metadata
+        print_gguf(&m.gguf);
+        printf("no tensors: a vocabulary-only file (%s), no model to run\n",
+               have_tok ? "its tokenizer loads" : tok_err);
     } else {
-        model_load(&m);
-        const Config *c = &m.c;
-        if (a.n_ctx > c->n_ctx_train) {
-            fprintf(stderr, "note: -c %d is above the model's training context %d; using %d\n",
-                    a.n_ctx, c->n_ctx_train, c->n_ctx_train);
-            a.n_ctx = c->n_ctx_train;
-        }
-        fprintf(stderr, "model: %s, %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d\n",
-                c->arch_name, c->n_layer, c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff,
-                c->n_vocab);
-        if (a.kld && !a.kld_base_path) die("--kl-divergence needs --kl-divergence-base FILE");
-        if (a.kld_base_path) a.ppl = 1;
-        if (!have_tok && (a.prompt || a.chat) && !a.info && !a.bench && !a.ppl)
-            die("%s: %s (pass the prompt as ids with --tokens)", a.model_path, tok_err);
-        if (!have_tok && !a.info && !a.bench && !a.ppl)
-            fprintf(stderr, "note: %s; the output is printed as token ids\n", tok_err);
+        load_model(&a, &m);
         if (a.info) {
-            print_info(&m, a.n_ctx);
-            rc = 0;
+            print_gguf(&m.gguf);
+            print_model(&m, a.n_ctx);
         } else if (a.bench) {
             if (!gpu_available()) die("--bench needs a CUDA GPU");
             run_bench(&m, a.n_ctx);
-            rc = 0;
-        } else if (a.ppl) {
-            rc = mode_perplexity(&a, &m, have_tok ? &tok : NULL, tok_err);
-        } else if (a.chat) {
-            rc = mode_chat(&a, &m, &tok);
         } else {
-            rc = mode_generate(&a, &m, have_tok ? &tok : NULL);
+            if (a.kld && !a.kld_base_path) die("--kl-divergence needs --kl-divergence-base FILE");
+            if (a.kld_base_path) a.ppl = 1;
+            if (!have_tok && (a.prompt || a.chat) && !a.ppl)
+                die("%s: %s (pass the prompt as ids with --tokens)", a.model_path, tok_err);
+            if (!have_tok && !a.ppl)
+                fprintf(stderr, "note: %s; the output is printed as token ids\n", tok_err);
+            if (a.ppl) rc = mode_perplexity(&a, &m, have_tok ? &tok : NULL, tok_err);
+            else if (a.chat) rc = mode_chat(&a, &m, &tok);
+            else rc = mode_generate(&a, &m, have_tok ? &tok : NULL);
         }
     }
     if (have_tok) tokenizer_free(&tok);

@@ -849,7 +849,7 @@ static void load_seqs(void) {
         char *s = read_file(path, NULL);
         if (!s) { check(0, check_name); continue; }
         snprintf(SEQS[n_seqs].name, sizeof SEQS[0].name, "%s", names[i]);
-        SEQS[n_seqs].n = parse_ids(s, &SEQS[n_seqs].ids);
+        SEQS[n_seqs].n = parse_ids("seq", s, &SEQS[n_seqs].ids);
         n_seqs++;
         free(s);
     }
@@ -1300,6 +1300,17 @@ static void test_cli(void) {
         {"--kl-divergence without a base file", M "--cpu --kl-divergence --tokens 1,2,3,4", "needs --kl-divergence-base"},
         {"--perplexity on fewer tokens than a chunk", M "--cpu --perplexity -c 64 --tokens 1,2,3,4", "fewer than one chunk"},
         {"--kl-divergence with a foreign base file", M "--cpu --kl-divergence --kl-divergence-base TEXTFILE", "not a KL-divergence base"},
+        {"--detokenize of a non-number names --detokenize", M "--detokenize abc", "--detokenize 'abc'"},
+        {"--detokenize -5", M "--detokenize -5", "--detokenize '-5'"},
+        {"--detokenize with an empty field", M "--detokenize 1,,2", "--detokenize '1,,2'"},
+        {"--detokenize of nothing", M "--detokenize ''", "--detokenize ''"},
+        {"--tokens with an empty field", M "--cpu --tokens 1,,2", "--tokens '1,,2'"},
+        {"--tokens with a trailing comma", M "--cpu --tokens 1,2,", "--tokens '1,2,'"},
+        {"--tokens with a leading comma", M "--cpu --tokens ,1", "--tokens ',1'"},
+        {"--tokens 1a names the whole argument", M "--cpu --tokens 1a", "--tokens '1a'"},
+        {"--temp past a float's range", M "--cpu --tokens 1 --temp 1e40", "out of range"},
+        {"-f of a directory says why", M "--cpu -f / -n 1", "Is a directory"},
+        {"--system without --chat", M "--cpu -p hi --system x", "add --chat"},
     };
 #undef M
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1385,7 +1396,140 @@ static void test_cli(void) {
             if (rc != 1) printf("     rc=%d output: %.300s\n", rc, out);
         }
         check(good, "cli: NaN weights -> exit 1 naming the position whose logits are not finite (greedy and sampled)");
+        // every other mode refuses them too, and leaves no file that looks valid
+        char c2[1024], kld[300], dump[300], txt[300];
+        snprintf(kld, sizeof kld, "%s_nan.kld", tmp);
+        snprintf(dump, sizeof dump, "%s_nan.f32", tmp);
+        snprintf(txt, sizeof txt, "%s/greedy.jsonl", DATA);
+        const char *modes[3] = {"--perplexity -c 64 --chunks 2 -f TXT", "--perplexity -c 64 --chunks 2 -f TXT --kl-divergence-base KLD",
+                                "--tokens 1,2,3 -n 0 --dump-logits DUMP"};
+        for (int k = 0; k < 3 && found; k++) {
+            char args[600];
+            snprintf(args, sizeof args, "%s", modes[k]);
+            char *at;
+            const char *pat[3] = {"TXT", "KLD", "DUMP"}, *val[3] = {txt, kld, dump};
+            for (int q = 0; q < 3; q++)
+                if ((at = strstr(args, pat[q]))) {
+                    char rest[600];
+                    snprintf(rest, sizeof rest, "%s", at + strlen(pat[q]));
+                    snprintf(at, sizeof args - (size_t)(at - args), "%s%s", val[q], rest);
+                }
+            snprintf(c2, sizeof c2, "%s -m %s --cpu %s 2>&1", QWEN, cmd, args);
+            int rc = run_cmd(c2, out, sizeof out);
+            int ok = rc == 1 && strstr(out, "are not finite") && access(kld, F_OK) != 0 && access(dump, F_OK) != 0;
+            if (!ok) printf("     rc=%d output: %.300s\n", rc, out);
+            const char *what[3] = {"--perplexity", "--kl-divergence-base (no file left)", "--dump-logits (no file left)"};
+            char name[160];
+            snprintf(name, sizeof name, "cli: NaN weights, %s -> exit 1 naming the position", what[k]);
+            check(ok, name);
+            unlink(kld);
+            unlink(dump);
+        }
+        // an error starts on a line of its own when generation is mid-line
+        snprintf(c2, sizeof c2, "%s -m %s --cpu -p hi -n 4 --temp 0 2>&1", QWEN, cmd);
+        int rc = run_cmd(c2, out, sizeof out);
+        check(found && rc == 1 && strstr(out, "\nerror: the logits") && !strstr(out, "hierror"),
+              "cli: an error after output mid-line starts on a new line");
         unlink(cmd);
+    }
+    // a KL-divergence base file whose record holds a NaN scale or an infinite min_log_prob, or
+    // that has trailing bytes, is refused; and scoring NaN logits against a good one fails
+    {
+        char base[300], bad[300], c2[1024], txt[300];
+        snprintf(base, sizeof base, "%s_good.kld", tmp);
+        snprintf(bad, sizeof bad, "%s_bad.kld", tmp);
+        snprintf(txt, sizeof txt, "%s/greedy.jsonl", DATA);
+        snprintf(c2, sizeof c2, "%s -m %s --cpu --perplexity -c 64 --chunks 1 -f %s --kl-divergence-base %s 2>&1", QWEN, m, txt, base);
+        int rc0 = run_cmd(c2, out, sizeof out);
+        size_t len = 0;
+        uint8_t *f = rc0 == 0 ? (uint8_t *)read_file(base, &len) : NULL;
+        const char *what[3] = {"a NaN scale", "an infinite min_log_prob", "trailing bytes"};
+        for (int k = 0; k < 3; k++) {
+            int ok = 0;
+            if (f && len > 20) {
+                uint32_t n_ctx;
+                int32_t n_chunk;
+                memcpy(&n_ctx, f + 8, 4);
+                memcpy(&n_chunk, f + 16, 4);
+                size_t rec = 20 + (size_t)n_chunk * n_ctx * 4;
+                uint8_t *g = (uint8_t *)malloc(len + 4);
+                memcpy(g, f, len);
+                float v = k == 0 ? NAN : -INFINITY;
+                if (k < 2) memcpy(g + rec + 4 * k, &v, 4);
+                write_file(bad, g, k == 2 ? len + 4 : len);
+                free(g);
+                snprintf(c2, sizeof c2, "%s -m %s --cpu --kl-divergence --kl-divergence-base %s 2>&1", QWEN, m, bad);
+                int rc = run_cmd(c2, out, sizeof out);
+                ok = rc == 1 && strstr(out, k == 2 ? "longer than its header" : "not a log-probability record");
+                if (!ok) printf("     rc=%d output: %.300s\n", rc, out);
+                unlink(bad);
+            }
+            char name[160];
+            snprintf(name, sizeof name, "cli: a KL-divergence base file with %s -> exit 1", what[k]);
+            check(ok, name);
+        }
+        free(f);
+        unlink(base);
+    }
+    // chat: a turn that does not fit the context ends the run with exit 1; blank lines are no turns
+    {
+        char c2[1024];
+        snprintf(c2, sizeof c2, "printf 'aaaa bbbb cccc dddd eeee\\nffff gggg hhhh iiii jjjj kkkk\\nmore\\n' | "
+                 "%s --cpu -m %s --chat -c 40 -n 10 2>&1", QWEN, m);
+        int rc = run_cmd(c2, out, sizeof out);
+        check(rc == 1 && strstr(out, "the context is full"), "cli: chat with a full context -> exit 1");
+        static char a1[8192], a2[8192];
+        snprintf(c2, sizeof c2, "printf 'hello\\n' | %s --cpu -m %s --chat -n 3 --temp 0 2>&1 | grep 'prompt eval'", QWEN, m);
+        int r1 = run_cmd(c2, a1, sizeof a1);
+        snprintf(c2, sizeof c2, "printf '\\n  \\nhello\\n\\n' | %s --cpu -m %s --chat -n 3 --temp 0 2>&1 | grep 'prompt eval'", QWEN, m);
+        int r2 = run_cmd(c2, a2, sizeof a2);
+        const char *s1 = strstr(a1, "/"), *s2 = strstr(a2, "/");
+        check(r1 == 0 && r2 == 0 && s1 && s2 && atoi(s1 + 1) > 0 && atoi(s1 + 1) == atoi(s2 + 1),
+              "cli: blank stdin lines in --chat are not turns (the same prompt tokens)");
+    }
+    // --help goes to stdout with exit 0; --info prints what a vocabulary-only file has
+    {
+        char c2[1024];
+        snprintf(c2, sizeof c2, "%s --help 2>/dev/null", QWEN);
+        int rc = run_cmd(c2, out, sizeof out);
+        check(rc == 0 && strstr(out, "usage: qwen") && strstr(out, "--dump-logits"), "cli: --help on stdout, exit 0");
+        char voc[512];
+        snprintf(voc, sizeof voc, "%s/tokenizer/vocab-tiny.gguf", DATA);
+        if (need_fixture(voc, "cli: --info of a vocabulary-only file")) {
+            snprintf(c2, sizeof c2, "%s -m %s --info 2>&1", QWEN, voc);
+            rc = run_cmd(c2, out, sizeof out);
+            check(rc == 0 && strstr(out, "tokenizer.ggml.tokens") && strstr(out, "vocabulary-only"),
+                  "cli: --info of a vocabulary-only file prints its metadata, exit 0");
+        }
+    }
+    // every float hyper-parameter is checked: rope.freq_base 0, -1 or infinity is refused by name
+    {
+        size_t len;
+        uint8_t *f = (uint8_t *)read_file(m, &len);
+        GGUF g;
+        memset(&g, 0, sizeof g);
+        g.fd = -1;
+        size_t off = 0;
+        if (gguf_parse(&g, f, len) == 0)
+            for (int64_t i = 0; i < g.n_kv; i++)
+                if (!strcmp(g.kv[i].key, "qwen3.rope.freq_base") && g.kv[i].type == GGUF_TYPE_F32)
+                    off = (size_t)(g.kv[i].data - f);
+        gguf_close(&g);
+        const float vals[3] = {0.0f, -1.0f, INFINITY};
+        int good = off > 0;
+        for (int k = 0; k < 3 && off; k++) {
+            memcpy(f + off, &vals[k], 4);
+            snprintf(cmd, sizeof cmd, "%s_base.gguf", tmp);
+            write_file(cmd, f, len);
+            char c2[1024];
+            snprintf(c2, sizeof c2, "%s -m %s --cpu --tokens 1 -n 1 2>&1", QWEN, cmd);
+            int rc = run_cmd(c2, out, sizeof out);
+            good &= rc == 1 && strstr(out, "rope.freq_base") != NULL;
+            if (rc != 1) printf("     rc=%d output: %.300s\n", rc, out);
+            unlink(cmd);
+        }
+        free(f);
+        check(good, "cli: rope.freq_base of 0, -1 or infinity -> exit 1 naming the key");
     }
     // a tensor of an unknown type id
     {
@@ -1529,6 +1673,20 @@ static char *nfc_utf8(const char *s, size_t len, size_t *out_len) {
     return o;
 }
 
+// llama.cpp's vector files: one line of blank-separated ids per case (an empty line: no ids)
+static int parse_space_ids(const char *s, int **out) {
+    int n = 0, cap = 16;
+    int *ids = (int *)xmalloc(cap * sizeof(int));
+    for (char *end; *s; s = end) {
+        long v = strtol(s, &end, 10);
+        if (end == s) break;
+        if (n == cap) ids = (int *)realloc(ids, (cap *= 2) * sizeof(int));
+        ids[n++] = (int)v;
+    }
+    *out = ids;
+    return n;
+}
+
 static int load_vocab(const char *name, GGUF *g, Tokenizer *t) {
     char path[512], err[300];
     snprintf(path, sizeof path, "%s/tokenizer/%s", DATA, name);
@@ -1557,7 +1715,7 @@ static void check_vocab_vectors(const Tokenizer *t, const char *stem, const char
         char *oe = strchr(o, '\n');
         if (!oe) break;
         *oe = 0;
-        int *want, nw = parse_ids(o, &want), *got;
+        int *want, nw = parse_space_ids(o, &want), *got;
         int ng = tokenizer_encode(t, p, (size_t)(e - p), 0, &got);
         cases++;
         if (same_ids(got, ng, want, nw)) ok++;
