@@ -21,14 +21,14 @@
 //    9. GPU forward .......... VRAM budget, weight upload, the token's layer loop as a CUDA graph,
 //                              the batched prompt pass
 //   10. tokenizer & sampler .. tokenizer.c (byte-level BPE); greedy, temperature, top-k/p, min-p
-//   11. running the model .... the engine, perplexity and KL-divergence files, --info, --bench,
+//   11. running the model .... the engine, --bench, --info, perplexity and KL-divergence files,
 //                              the command line and its modes
 //
 // The path of one generated token: main -> mode_generate -> gen_answer -> sample, then
-// engine_forward -> forward_gpu, which replays the graph of forward_gpu_enqueue: per layer
-// rmsnorm_quant, attention_block_gpu (matvec_qkv, attention, matvec) or deltanet_block_gpu
-// (matvec_batch, gdn_token, matvec), rmsnorm_quant, ffn_gate_up, matvec; then the output norm and
-// matvec into the logits. On the CPU, forward_cpu runs the same steps in plain C.
+// engine_forward -> forward_gpu, which replays the graph of forward_gpu_enqueue: rope_angles_kernel
+// once, then per layer rmsnorm_quant, attention_block_gpu (matvec_qkv, attention, matvec) or
+// deltanet_block_gpu (matvec_batch, gdn_token, matvec), rmsnorm_quant, ffn_gate_up, matvec; then
+// the output norm and matvec into the logits. On the CPU, forward_cpu runs the same steps in C.
 //
 // Conventions used everywhere:
 //   * A weight with GGUF shape {n_in, n_out} is n_out rows of n_in elements; y[r] = dot(W[r,:], x).
@@ -239,7 +239,7 @@ static int cmp_cstr(const void *a, const void *b) {
 }
 // Copy into dup the first name that two of the n entries share and return 1, or return 0 when all
 // differ; frees names. Sorting keeps it O(n log n): a file's key and tensor counts are bounded only
-// by its size (a pairwise scan took a minute for 200k keys in a 4 MB file).
+// by its size, and a pairwise scan of a few MB of crafted header would stall.
 static int find_duplicate(const char **names, int64_t n, char *dup, size_t cap) {
     int found = 0;
     qsort(names, (size_t)n, sizeof *names, cmp_cstr);
@@ -1270,8 +1270,10 @@ static void embed_token(const Model *m, int token, float *x /* (n_embd) */) {
 // 5. CPU forward: the plain-C twin of the whole model
 // ------------------------------------------------------------------------------------------------
 // fp32 math on dequantized weights, an fp32 KV cache, dot products summed in double. This is the
-// "exact" math of the reference logits (only summation order differs); `--cpu` runs it, the tests
-// hold it to the reference, and every GPU kernel below has its twin here.
+// "exact" math of the reference logits (only summation order differs); `--cpu` runs it, and the
+// tests hold it to the reference. Every GPU kernel below has its twin here, or, where the kernel
+// computes something the model's math does not name (the 16-bit activations, the planes, the
+// prefill's fp16 operands), next to the kernel.
 
 typedef struct {
     int n_ctx;
@@ -1434,6 +1436,7 @@ static void attention_any_c(float *out /* (n_head, hd) */, float *mag,
         }
     }
 }
+// The exact attention (fp32 q, sums in double): the twin of the decode's attention_split_kernel.
 static void attention_c(float *out, const float *q, const float *kc, const float *vc, float *att,
                         int n_head, int n_kv, int hd, int pos) {
     attention_any_c(out, NULL, q, kc, vc, att, n_head, n_kv, hd, pos, 0);
@@ -1627,6 +1630,8 @@ static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
 //   6.5 the streaming mat-vec, for long launches (twin of 6.5 and 6.6: matvec_xq_c);
 //   6.6 the per-block mat-vec, for short launches;
 //   6.7 matvec(): which of them a launch takes.
+// Two fast kernels, because neither is the faster one for every launch: the streaming kernel wins
+// when each warp gets long runs of rows (gate/up, the output matrix), the per-block one when not.
 // Only sm_70 features are used (no bf16 arithmetic, no cp.async, no ldmatrix or mma.m16n8k*), so
 // one source builds for a V100 and runs on every later card.
 
@@ -1709,7 +1714,7 @@ __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride
 // is at most amax/65024 of its block: for a Gaussian block that is ~13x smaller than fp16's
 // relative 2^-11, and unlike fp16 it cannot overflow on Qwen's large activations. Everything after
 // the 32-value integer dot (scales, sums across blocks) is fp32. (llama.cpp uses 8 bits here, 256x
-// coarser, which is what puts it at KL 2-5e-3 on the qwen2/qwen3 fixtures, 0.02-0.19 on qwen35.)
+// coarser: the README compares the two engines' KL.)
 //
 // Layout of a quantized vector of n values (nb = n/32 blocks), "chunk-major" so that 32 lanes
 // reading 32 consecutive blocks read 512 contiguous bytes:
@@ -1946,6 +1951,7 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src /* one
     }
 }
 
+// C twin of repack_kernel: n_blocks file blocks into the planes, one after the other.
 static void repack_c(int type, const uint8_t *src /* (n_blocks) file blocks */,
                      uint8_t *dst /* planes, NB sub-blocks */, size_t n_blocks, size_t NB,
                      StepOrder so, int n_sub) {
@@ -2641,6 +2647,7 @@ typedef struct {
     int n;
 } MatVecBatch;
 
+// C twin: matvec_xq_c per matrix.
 __global__ void __launch_bounds__(FAST_MAX_THREADS)
 matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
     int m = 0;
@@ -2672,7 +2679,8 @@ static int g_mv_mode = MV_AUTO; // MV_STREAM / MV_BLOCKS force one kernel: the t
 static int mv_use_stream(const MvPlan *p, int n_in) {
     if (g_mv_mode != MV_AUTO) return g_mv_mode == MV_STREAM;
     long cpr = (n_in / 32 + WARP - 1) / WARP, warps = mv_grid_warps();
-    return 10L * p->first_unit[p->n] >= 19 * cpr * warps; // 1.9 row groups a run or more
+    // 1.9 row groups a run or more: the measured break-even (test/PERF_NOTES.md, Design record)
+    return 10L * p->first_unit[p->n] >= 19 * cpr * warps;
 }
 
 // y = W x (+ bias) (+ y when accumulate): a fast kernel (16-bit x) for weights in planes, the
@@ -2831,8 +2839,8 @@ rmsnorm_quant_kernel(Act out /* (n) */, const float *x /* (n) */, const float *w
             out.f[j] = x[j] * scale * w[j];
     }
 }
-static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float eps,
-                          cudaStream_t st) {
+static void rmsnorm_quant(Act *out /* (n) */, const float *x /* (n) */, const float *w /* (n) */,
+                          int n, float eps, cudaStream_t st) {
     int blocks = (n / 32 + NORM_THREADS / WARP - 1) / (NORM_THREADS / WARP);
     rmsnorm_quant_kernel<<<blocks > 0 ? blocks : 1, NORM_THREADS, 0, st>>>(*out, x, w, n, eps);
     KERNEL_CHECK();
@@ -2853,7 +2861,7 @@ static void rmsnorm_quant(Act *out, const float *x, const float *w, int n, float
 //      softmax), with m the running maximum, l the sum, o the weighted sum of V:
 //        m' = max(m, max s),  c = e^(m - m'),  l' = c l + sum e^(s - m'),
 //        o' = c o + sum e^(s - m') V
-//   3. att_write_partial: m, l, o of the split; the last split of kv head j to finish then
+//   3. the split's m, l and o into part_ml, part_o; the last split of kv head j to finish then
 //   4. att_merge: out = sum_s o_s e^(m_s - m) / sum_s l_s e^(m_s - m), m = max m_s, and
 //   5. att_output_gate: qwen35's out *= sigmoid(gate), the output and its 16-bit copy.
 // A chunk's K and V rows are loaded into registers one chunk ahead (the first chunk's before q is
@@ -2961,7 +2969,7 @@ __device__ __forceinline__ void att_rows_load(uint4 *kr /* (ATT_STAGE) */,
     }
 }
 
-// 1a. q of the g heads of kv head j into sh.q, and in the block that holds key pos (own) this
+// Step 1a: q of the g heads of kv head j into sh.q, and in the block that holds key pos (own) this
 // token's k into sh.k and its v, in fp16, into sh.vh and the cache (v needs no rotation): 16-byte
 // loads, all issued before the first store.
 __device__ __forceinline__ void att_load_q_kv(const AttShared &sh, const AttNew &cur,
@@ -3001,8 +3009,8 @@ __device__ __forceinline__ void att_load_q_kv(const AttShared &sh, const AttNew 
     }
 }
 
-// 1b. qwen3 / qwen35's RMSNorm of each head, x = x / sqrt(mean(x^2) + eps) * w, then NEOX RoPE:
-// each pair (x[i], x[i + n_rot/2]), i < n_rot/2, rotated by this token's angle theta_i. Heads
+// Step 1b: qwen3 / qwen35's RMSNorm of each head, x = x / sqrt(mean(x^2) + eps) * w, then NEOX
+// RoPE: each pair (x[i], x[i + n_rot/2]), i < n_rot/2, rotated by this token's angle theta_i. Heads
 // 0..g-1 are q in sh.q, head g (own block only) is k in sh.k.
 __device__ __forceinline__ void att_qk_norm_rope(const AttShared &sh, const AttNew &cur, int g,
                                                  int hd, int own) {
@@ -3040,7 +3048,7 @@ __device__ __forceinline__ void att_qk_norm_rope(const AttShared &sh, const AttN
     __syncthreads();
 }
 
-// 1c. The KV store of k: this token's key row, fp16, into the cache at pos and into sh.kh.
+// Step 1c: The KV store of k: this token's key row, fp16, into the cache at pos and into sh.kh.
 __device__ __forceinline__ void att_store_k(const AttShared &sh, __half *kc /* (n_ctx, n_kv, hd) */,
                                             int j, int hd, int n_kv, int pos) {
     if (threadIdx.x < hd / 2) {
@@ -3050,8 +3058,9 @@ __device__ __forceinline__ void att_store_k(const AttShared &sh, __half *kc /* (
     }
 }
 
-// 2a. A chunk's K and V rows, loaded into registers one chunk ago, into shared memory: nl rows from
-// the cache, then (nl < nt: the own block's last chunk) this token's own row from sh.kh, sh.vh.
+// Step 2a: A chunk's K and V rows, loaded into registers one chunk ago, into shared memory: nl rows
+// from the cache, then (nl < nt: the own block's last chunk) this token's own row from sh.kh,
+// sh.vh.
 __device__ __forceinline__ void att_stage_chunk(const AttShared &sh, const uint4 *kr,
                                                 const uint4 *vr, int nl, int nt, int hd) {
     int v8 = hd / 8, ks = hd + ATT_KPAD;
@@ -3069,9 +3078,9 @@ __device__ __forceinline__ void att_stage_chunk(const AttShared &sh, const uint4
     }
 }
 
-// 2b. s[h][t] = q[h] . K[t] / sqrt(hd) for the chunk's nt keys: one thread per (head, key) pair,
-// 8 dims per step (one 16-byte K load, two of q), four partial sums so the FMAs do not wait on
-// each other.
+// Step 2b: s[h][t] = q[h] . K[t] / sqrt(hd) for the chunk's nt keys: one thread per (head, key)
+// pair, 8 dims per step (one 16-byte K load, two of q), four partial sums so the FMAs do not wait
+// on each other.
 __device__ __forceinline__ void att_chunk_scores(const AttShared &sh, int g, int nt, int hd,
                                                  int chunk, float scale) {
     int v8 = hd / 8, ks = hd + ATT_KPAD;
@@ -3096,8 +3105,8 @@ __device__ __forceinline__ void att_chunk_scores(const AttShared &sh, int g, int
     }
 }
 
-// 2c. The running softmax state per head, one warp per head: m' = max(m, max s), p = e^(s - m')
-// in place of s, l' = c l + sum p with c = e^(m - m') (0 for the first chunk: m was -inf).
+// Step 2c: The running softmax state per head, one warp per head: m' = max(m, max s), p = e^(s -
+// m') in place of s, l' = c l + sum p with c = e^(m - m') (0 for the first chunk: m was -inf).
 __device__ __forceinline__ void att_softmax_update(float *p /* (g, chunk) */, float *mh /* (g) */,
                                                    float *lh /* (g) */, float *ch /* (g) */, int g,
                                                    int nt, int chunk) {
@@ -3122,9 +3131,9 @@ __device__ __forceinline__ void att_softmax_update(float *p /* (g, chunk) */, fl
     }
 }
 
-// 2d. o = c o + sum_t p[t] V[t], per output pair (dims d, d+1 of head p_head[k]) of this thread:
-// the keys 4 at a time (one 16-byte load of p, a broadcast within the warp: a warp's pairs are of
-// one head), two independent sums.
+// Step 2d: o = c o + sum_t p[t] V[t], per output pair (dims d, d+1 of head p_head[k]) of this
+// thread: the keys 4 at a time (one 16-byte load of p, a broadcast within the warp: a warp's pairs
+// are of one head), two independent sums.
 __device__ __forceinline__ void att_accumulate_pv(float2 (&o)[ATT_MAX_OUT / 2],
                                                   const int (&p_head)[ATT_MAX_OUT / 2],
                                                   const int (&p_dim)[ATT_MAX_OUT / 2],
@@ -3155,7 +3164,7 @@ __device__ __forceinline__ void att_accumulate_pv(float2 (&o)[ATT_MAX_OUT / 2],
     }
 }
 
-// 4. The merge, in the last block of kv head j to finish (ns <= 32 splits, one per lane): the
+// Step 4: The merge, in the last block of kv head j to finish (ns <= 32 splits, one per lane): the
 // weights e^(m_s - m) / l with m = max m_s and l = sum_s l_s e^(m_s - m), per head and split, then
 // out = sum_s w_s o_s into shared memory (returned: (g, hd)). Per thread slot, 4 consecutive dims
 // (16-byte loads of the partial outputs) and ATT_MERGE_DEPTH splits per round, every load of the
@@ -3213,7 +3222,7 @@ __device__ __forceinline__ float *att_merge(float *smem,
     return mo;
 }
 
-// 5. qwen35's output gate, out = merged * sigmoid(gate), then the fp32 output and its 16-bit
+// Step 5: qwen35's output gate, out = merged * sigmoid(gate), then the fp32 output and its 16-bit
 // copy: one value per lane (a warp quantizes 32 consecutive values).
 __device__ __forceinline__ void att_output_gate(const float *mo /* (g, hd) */, Act out,
                                                 const float *gate, int gate_stride, int j, int g,
@@ -3307,7 +3316,7 @@ attention_split_kernel(const float *q,    // (n_head, hd) roped (unused when cur
         att_accumulate_pv(o, p_head, p_dim, sh, ch, nt, hd, chunk);
     }
 #undef ATT_CACHE_ROWS
-    // 3. this split's m, l and o
+    // step 3: this split's m, l and o
     if (threadIdx.x < g) {
         size_t idx = ((size_t)(j * g + threadIdx.x) * n_split + split) * 2;
         part_ml[idx] = mh[threadIdx.x];
@@ -3548,7 +3557,8 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
 // Launch gdn_step_kernel with NT = S/32 (S a multiple of 32 up to 256, checked when the model is
 // read): a prompt with 8 lanes per row (16 when S > 128) and 2 rows per group, a single token with
 // 32 and 1.
-static void gdn_step(float *state, const float *qkv, const float *gb, float *o, int S, int Hk,
+static void gdn_step(float *state /* (Hv, S, S) */, const float *qkv /* (T, conv_dim) */,
+                     const float *gb /* (T, 2, Hv) */, float *o /* (T, Hv, S) */, int S, int Hk,
                      int Hv, int T, cudaStream_t st) {
     int L = T == 1 ? 32 : S > 128 ? 16 : 8, R = T == 1 ? 1 : 2;
     dim3 grid(Hv, S / (GDN_ROWS * (WARP / L) * R));
@@ -3575,7 +3585,7 @@ static void gdn_step(float *state, const float *qkv, const float *gb, float *o, 
 
 // Gated RMSNorm per v head, fp32 and quantized for the out-projection: out = rmsnorm(o) * w *
 // silu(z). Grid Hv blocks of S threads. C twin: gated_rmsnorm_c.
-__global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */,
+__global__ void gdn_gated_norm_kernel(Act out, const float *o /* (Hv, S) */,
                                      const float *z /* (Hv, S) */, const float *w /* (S) */,
                                      float eps) {
     int S = blockDim.x, i = blockIdx.x * S + threadIdx.x;
@@ -3596,7 +3606,7 @@ __global__ void gdn_norm_gate_kernel(Act out, const float *o /* (Hv, S) */,
 //   2. the conv + SiLU of its 3S channels (q and k of hk, v of hv), then the L2 norms of q and k
 //      and the gates g, beta, as gdn_conv_norm_kernel;
 //   3. the delta rule, as gdn_step_kernel; o stays in shared memory;
-//   4. the gated RMSNorm of o and its 16-bit copy, as gdn_norm_gate_kernel;
+//   4. the gated RMSNorm of o and its 16-bit copy, as gdn_gated_norm_kernel;
 //   5. the new conv window of its channels (below).
 // The conv state of the v channels belongs to one block; that of the q and k channels is read by
 // the Hv/Hk blocks that share hk, so none may overwrite it before all have read it: each block
@@ -3728,10 +3738,13 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
 // The DeltaNet token kernel for S = 32, 64, 96 or 128 (larger S: the three kernels).
 static int gdn_token_ok(int S) { return S % 32 == 0 && S <= 128; }
 // The launcher of gdn_token_kernel for state size S (its pointers' shapes are written there).
-static void gdn_token(float *state, float *cs, const float *mixed, const float *w, const float *z,
-                      const float *beta_raw, const float *alpha_raw, const float *dt_bias,
-                      const float *ssm_a, const float *nw, const Act *out, int *count, int S,
-                      int Hk, int Hv, float eps, cudaStream_t st) {
+static void gdn_token(float *state /* (Hv, S, S) */, float *cs /* (3, conv_dim) */,
+                      const float *mixed /* (conv_dim) */, const float *w /* (conv_dim, 4) */,
+                      const float *z /* (Hv, S) */, const float *beta_raw /* (Hv) */,
+                      const float *alpha_raw /* (Hv) */, const float *dt_bias /* (Hv) */,
+                      const float *ssm_a /* (Hv) */, const float *nw /* (S) */,
+                      const Act *out /* (Hv, S) */, int *count /* (Hk) */, int S, int Hk, int Hv,
+                      float eps, cudaStream_t st) {
 #define TOKEN(NT)                                                                                  \
     gdn_token_kernel<NT><<<Hv, GDN_TOKEN_THREADS, 0, st>>>(state, cs, mixed, w, z, beta_raw,       \
                                                            alpha_raw, dt_bias, ssm_a, nw, *out,    \
@@ -4043,7 +4056,7 @@ __host__ __device__ static inline int mm_owner(long long s, long long total, int
 }
 
 // Two blocks per SM: at most 128 registers per thread. (A V100 holds one 72 KB block per SM anyway;
-// there the bound costs its native sm_70 code ~100-200 bytes of spills per thread.)
+// there the bound costs its native sm_70 code some spills.) C twin: matmul_c.
 template <int TYPE>
 __global__ void __launch_bounds__(MM_THREADS, 2)
 matmul_kernel(const uint8_t *W, // weights: planes (fast types) or fp16 rows (n_out, n_in)
@@ -4276,6 +4289,8 @@ template <> __device__ __forceinline__ float wf<GGML_TYPE_F16>(const uint8_t *W,
 template <> __device__ __forceinline__ float wf<GGML_TYPE_BF16>(const uint8_t *W, size_t i) {
     return __uint_as_float((uint32_t)((const uint16_t *)W)[i] << 16);
 }
+// The kernel reads k in steps of SG_K with no bound check: every input width of a prefill product
+// is a multiple of 32 (prefill_plan turns the batched path off otherwise). C twin: matmul_c.
 template <int TYPE>
 __global__ void __launch_bounds__(256)
 matmul_f32_kernel(const uint8_t *W /* (n_out, n_in) */, ActH x, float *y /* (T, ldy) */,
@@ -4377,16 +4392,16 @@ silu_mul_rows_kernel(ActH out, const float *g /* (T, n) */, const float *u /* (T
 // same memory). C twin: rmsnorm_c per head, rope_neox_c, and the copy into the cache in
 // attention_block_cpu.
 __global__ void
-rope_and_kv_store_kernel(float *q,            // (n_head, hd) out
-                         const float *q_src,  // (n_head, q_stride) in
+rope_and_kv_store_kernel(float *q,            // (T, n_head, hd) out
+                         const float *q_src,  // (T, n_head, q_stride) in
                          int q_stride,
-                         const float *k,      // (n_kv, hd)
-                         const float *v,      // (n_kv, hd)
+                         const float *k,      // (T, n_kv, hd)
+                         const float *v,      // (T, n_kv, hd)
                          const float *q_norm, // (hd) or NULL
                          const float *k_norm, // (hd) or NULL
                          __half *kc,          // (n_ctx, n_kv, hd) this layer's caches
                          __half *vc,          // (n_ctx, n_kv, hd)
-                         const int *pos_p,    // (1) this token's position, on the GPU
+                         const int *pos_p,    // (1) row 0's position, on the GPU
                          int n_head, int n_kv, int hd, int n_rot,
                          float base, float freq_scale, float eps) {
     extern __shared__ float buf[]; // (hd)
@@ -4454,6 +4469,7 @@ static size_t pa_smem(int hd) {
     return (size_t)(PA_TQ + 2 * tk) * (hd + 8) * 2 + (size_t)PA_TQ * (tk + 4) * 4 +
            (size_t)PA_TQ * (tk + 8) * 2 + 2 * PA_TQ * 4;
 }
+// The kernel (above). C twin: attention_prefill_c per query.
 __global__ void __launch_bounds__(PA_THREADS)
 attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
                          const __half *kc,  // (n_ctx, n_kv, hd) this layer's caches
@@ -4597,6 +4613,8 @@ __global__ void gdn_conv_rows_kernel(float *y,        // (T, conv_dim) out
     }
     y[i] = silu(sum);
 }
+// The conv state after the batch: the last 3 of [state | x] rows. C twin: the window shift in
+// gdn_conv_c.
 __global__ void gdn_conv_state_kernel(float *cs /* (3, conv_dim) */,
                                       const float *x /* (T, conv_dim) */, int conv_dim, int T) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -4612,7 +4630,7 @@ __global__ void gdn_conv_state_kernel(float *cs /* (3, conv_dim) */,
 // After the conv: L2 norm of every q and k head and the gates of every v head, for all rows
 // (gdn_head_finish, shared with the one-token kernel). Grid (2*Hk + Hv, T), S threads. C twins:
 // l2norm_c and the gates in deltanet_block_cpu.
-__global__ void gdn_norm_gates_rows_kernel(float *mixed,           // (T, conv_dim)
+__global__ void gdn_l2norm_gates_rows_kernel(float *mixed,           // (T, conv_dim)
                                            const float *beta_raw,  // (T, Hv)
                                            const float *alpha_raw, // (T, Hv)
                                            const float *dt_bias, const float *ssm_a, // (Hv)
@@ -4626,7 +4644,7 @@ __global__ void gdn_norm_gates_rows_kernel(float *mixed,           // (T, conv_d
 
 // Gated RMSNorm of every v head of row t, as the fp16 input row of ssm_out: one block per row
 // (S threads), o overwritten with the fp32 result on the way. C twin: gated_rmsnorm_c.
-__global__ void gdn_norm_gate_rows_kernel(ActH out, float *o /* (T, Hv*S) */,
+__global__ void gdn_gated_norm_rows_kernel(ActH out, float *o /* (T, Hv*S) */,
                                           const float *z /* (T, Hv*S) */, const float *w /* (S) */,
                                           int Hv, float eps) {
     int S = blockDim.x;
@@ -4667,7 +4685,7 @@ __global__ void row_nll_kernel(const float *logits /* (nr, V) */, const int *tar
 }
 
 // ------------------------------------------------------------------------------------------------
-// 9. GPU forward: VRAM budget, device memory, weight upload, the token's layer loop, the prompt
+// 9. GPU forward: the run state, the VRAM budget, the weight upload, the token's layer loop
 // ------------------------------------------------------------------------------------------------
 // All device memory is allocated once, before the first token: the weights in one allocation
 // walked by a pointer, the run state in another. Nothing is allocated in the token loop. The work
@@ -4968,6 +4986,7 @@ static FitHint budget_hint(const Budget *b, Model *m, int n_ctx) {
     return h;
 }
 
+// The refusal: the budget, then one error line and the hints that would make the model fit.
 static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_limit, FILE *f) {
     const double G = 1073741824.0;
     budget_print(b, m, n_ctx, vram_limit, f);
@@ -4985,6 +5004,8 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
             "average at most %.2f (IQ4_XS is 4.25, Q4_0 4.5; below 4.25 needs a smaller "
             "quantization than qwen.cu supports)\n", h.bpw, n_ctx, h.bpw_fit);
 }
+
+// --- the weight upload: the step order, then the copy -------------------------------------------
 
 // The step order of the planes (6.3): for every streaming launch of a token, as matvec and
 // matvec_batch will plan it, the order of its matrices' units, set before they are uploaded. A
@@ -5126,6 +5147,8 @@ static void upload_weights(Model *m, GpuState *s) {
     CUDA_CHECK(cudaFreeHost(stage));
     CUDA_CHECK(cudaFree(dev_stage[0]));
 }
+
+// --- device memory: the run state, carved out of one allocation ---------------------------------
 
 // Carve an Act of n values (plus its 16-bit copy when n is a multiple of 32) out of the arena.
 static Act act_carve(uint8_t **p, int n) {
@@ -5329,7 +5352,7 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
                                                         DEV(L->ssm_a), s->gdn_gb, Hk, Hv, c->eps);
         KERNEL_CHECK();
         gdn_step(state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st);
-        gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z,
+        gdn_gated_norm_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z,
                                                DEV(L->ssm_norm), c->eps);
         KERNEL_CHECK();
     }
@@ -5564,11 +5587,11 @@ static void deltanet_batch_gpu(const Model *m, GpuState *s, int l, int T) {
     KERNEL_CHECK();
     gdn_conv_state_kernel<<<(conv_dim + 255) / 256, 256, 0, st>>>(cs, s->bmixed, conv_dim, T);
     KERNEL_CHECK();
-    gdn_norm_gates_rows_kernel<<<dim3(2 * Hk + Hv, T), S, 0, st>>>(
+    gdn_l2norm_gates_rows_kernel<<<dim3(2 * Hk + Hv, T), S, 0, st>>>(
         s->bconv, s->bbeta, s->balpha, DEV(L->dt_bias), DEV(L->ssm_a), s->bgb, Hk, Hv, c->eps);
     KERNEL_CHECK();
     gdn_step(state, s->bconv, s->bgb, s->braw, S, Hk, Hv, T, st);
-    gdn_norm_gate_rows_kernel<<<T, S, 0, st>>>(s->bxh, s->braw, s->bz, DEV(L->ssm_norm), Hv,
+    gdn_gated_norm_rows_kernel<<<T, S, 0, st>>>(s->bxh, s->braw, s->bz, DEV(L->ssm_norm), Hv,
                                                c->eps);
     KERNEL_CHECK();
     matmul(&L->ssm_out, &s->bxh, T, s->bx, c->n_embd, NULL, 1, s);
@@ -5786,7 +5809,7 @@ static int sample(Sampler *s, const float *logits) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 11. Running the model: the engine, perplexity and KL divergence, --info, --bench, the CLI
+// 11. Running the model: the engine, --bench, --info, perplexity and KL divergence, the CLI
 // ------------------------------------------------------------------------------------------------
 
 // The forward pass on either device, behind one call.
@@ -6103,6 +6126,8 @@ static float arg_float(const char *opt, const char *v) {
     return (float)x;
 }
 
+// --- --info --------------------------------------------------------------------------------------
+
 // --info, the file: its metadata and its tensors (any GGUF file, vocabulary-only ones too).
 static void print_gguf(const GGUF *g) {
     printf("GGUF v%u, %lld metadata keys, %lld tensors, alignment %u, data at byte %zu\n\n",
@@ -6179,7 +6204,7 @@ static void print_model(Model *m, int n_ctx) {
     }
 }
 
-// --- perplexity and KL divergence, in llama.cpp's file format ---------------------------------
+// --- perplexity and KL divergence, in llama.cpp's file format -----------------------------------
 // The standard chunked perplexity (llama-perplexity's): the tokens are cut into chunks of n_ctx,
 // each chunk is evaluated from an empty cache, and only its second half is scored: positions
 // n_ctx/2 .. n_ctx-2 predict the next token. PPL = exp(mean negative log-likelihood).
@@ -6807,7 +6832,7 @@ static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const 
     return 0;
 }
 
-// --- generate and chat ---
+// --- generate and chat ---------------------------------------------------------------------------
 // A prompt (or a chat turn) goes through the model at once; then tokens are sampled, printed and
 // fed back one at a time until an end-of-generation token, -n tokens or a full context.
 typedef struct {

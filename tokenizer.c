@@ -1,5 +1,5 @@
 // tokenizer.c — text <-> token ids for Qwen's byte-level BPE, read from the GGUF. #included by
-// qwen.cu in its section 8 (it needs only the GGUF reader of section 2). Matches Hugging Face
+// qwen.cu in its section 10 (it needs only the GGUF reader of section 2). Matches Hugging Face
 // `tokenizers` (the model authors' tokenizer):
 //
 //   text --(split out special/added tokens, longest first)--> fragments

@@ -238,7 +238,7 @@ static void bench_small_kernels(const Model *m, GpuState *s) {
             } else if (k == 2) {
                 gdn_step(state, s->gdn_mixed, s->gdn_gb, s->gdn_raw, S, Hk, Hv, 1, st);
             } else if (k == 3) {
-                gdn_norm_gate_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z,
+                gdn_gated_norm_kernel<<<Hv, S, 0, st>>>(s->gdn_out, s->gdn_raw, s->gdn_z,
                                                        DEV(L->ssm_norm), c->eps);
                 KERNEL_CHECK();
             } else {

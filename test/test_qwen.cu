@@ -2967,7 +2967,7 @@ static void test_gpu_deltanet(void) {
             CUDA_CHECK(cudaMalloc(&out.f, Hv * S * 4));
             CUDA_CHECK(cudaMemset(out.f, 0xff, Hv * S * 4)); // NaNs until the kernel writes
             out.q = upload_junk_xq(Hv * S);
-            gdn_norm_gate_kernel<<<Hv, S>>>(out, dO, dz, dnw, 1e-6f);
+            gdn_gated_norm_kernel<<<Hv, S>>>(out, dO, dz, dnw, 1e-6f);
             KERNEL_CHECK();
             float *ref = (float *)xmalloc(Hv * S * 4), *gn = (float *)xmalloc(Hv * S * 4);
             for (int h = 0; h < Hv; h++) { memcpy(ref + h * S, og + h * S, S * 4); gated_rmsnorm_c(ref + h * S, z + h * S, nw, S, 1e-6f); }
@@ -3282,7 +3282,7 @@ static void test_gpu_prefill_rows(void) {
     const char *names[] = {"gpu rmsnorm_rows_kernel vs rmsnorm_c per row (fp16 rows in half-steps, fp32 copy)",
                            "gpu silu_mul_rows_kernel vs silu_c * up per row (fp16 rows in half-steps)",
                            "gpu gdn_conv_rows + gdn_conv_state (6 rows, then 2) vs gdn_conv_c per row: out |d|/sum|wx|, state",
-                           "gpu gdn_norm_gate_rows_kernel vs gated_rmsnorm_c per head (fp16 rows in half-steps)",
+                           "gpu gdn_gated_norm_rows_kernel vs gated_rmsnorm_c per head (fp16 rows in half-steps)",
                            "gpu row_nll_kernel vs log_softmax: |d nll|"};
     if (SKIP_ALL_WITHOUT_GPU(names)) return;
     const int T = 3, n = 1024, ld = 1032;
@@ -3361,7 +3361,7 @@ static void test_gpu_prefill_rows(void) {
             for (int h = 0; h < Hv; h++) gated_rmsnorm_c(ref + t * vd + h * S, z + t * vd + h * S, nw, S, 1e-6f);
         float *dO = (float *)dcopy(o, T * vd * 4), *dz = (float *)dcopy(z, T * vd * 4), *dnw = (float *)dcopy(nw, sizeof nw);
         ActH a = rows_alloc(T, vd, 1);
-        gdn_norm_gate_rows_kernel<<<T, S>>>(a, dO, dz, dnw, Hv, 1e-6f);
+        gdn_gated_norm_rows_kernel<<<T, S>>>(a, dO, dz, dnw, Hv, 1e-6f);
         KERNEL_CHECK();
         double e = rows_err(&a, T, vd, ref);
         report(e <= 1.1, names[3], e, 1.1);
