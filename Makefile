@@ -4,6 +4,8 @@
 #   make ARCH=sm_90        any other architecture
 #   make NVCC=/usr/bin/nvcc ARCH=sm_70     the V100 build with Debian's CUDA 11.8 (see README)
 #   make test              build and run the tests (GPU checks are skipped without a GPU)
+#   make sanitize          the tests under AddressSanitizer and UBSan; make fuzz: mutated fixtures
+#   make bench             test/bench, the measurement tables (GPU only)
 #
 # Every build embeds PTX next to the machine code, so the binary also runs on newer GPUs: the
 # driver compiles the PTX when the program starts.
@@ -62,9 +64,10 @@ test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
 	QWEN_BIN=./qwen$(SUFFIX) ./test/test_qwen$(SUFFIX)
 
 clean:
-	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/bench test/bench-sm70
+	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/bench test/bench-sm70 \
+		qwen-san test/test_qwen-san test/fuzz_mutate
 
-.PHONY: all test clean bench bench-tokenizer unicode-check
+.PHONY: all test clean bench bench-tokenizer unicode-check sanitize fuzz
 
 # synthetic full-size models for benchmarks: test/gen_model --model qwen2.5-32b --ftype iq4_xs -o F.gguf
 test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
@@ -92,3 +95,28 @@ bench-tokenizer: qwen$(SUFFIX)
 # unicode_tables.h is generated: check that it matches unicode_tables.py and the installed UCD
 unicode-check:
 	python3 unicode_tables.py | cmp - unicode_tables.h && echo "unicode_tables.h is up to date"
+
+# ---- sanitizers and fuzzing (the CPU path; CI's machine kind needs no GPU) ----
+#   make sanitize          the tests built with AddressSanitizer and UBSan (test/sanitize.sh)
+#   make fuzz [FUZZ_S=60]  mutated fixtures through ./qwen-san for FUZZ_S seconds (test/fuzz.sh)
+# Separate binaries: qwen-san, test/test_qwen-san. NVFLAGS with -O1 -g in place of -O3; each
+# -fsanitize in its own -Xcompiler (nvcc splits an -Xcompiler value at commas). nvcc hands them to
+# the host compiler's link step too, which links the sanitizer runtimes.
+SANFLAGS = $(filter-out -O%,$(NVFLAGS)) -O1 -g -Xcompiler -fno-omit-frame-pointer \
+	-Xcompiler -fsanitize=address -Xcompiler -fsanitize=undefined
+FUZZ_S ?= 60
+
+qwen-san: qwen.cu tokenizer.c unicode_tables.h
+	$(NVCC_RUN) $(SANFLAGS) -o $@ qwen.cu $(LDLIBS)
+
+test/test_qwen-san: test/test_qwen.cu test/gguf_write.h qwen.cu tokenizer.c unicode_tables.h
+	$(NVCC_RUN) $(SANFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
+
+test/fuzz_mutate: test/fuzz_mutate.c
+	$(CC) -O2 -Wall -Wextra -o $@ test/fuzz_mutate.c
+
+sanitize: qwen-san test/test_qwen-san
+	test/sanitize.sh
+
+fuzz: qwen-san test/fuzz_mutate
+	FUZZ_S=$(FUZZ_S) test/fuzz.sh
