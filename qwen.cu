@@ -267,26 +267,11 @@ static const uint8_t *take(Cursor *c, uint64_t n, const char *what) {
     c->p += n;
     return p;
 }
-static uint32_t rd_u32(Cursor *c, const char *what) {
-    uint32_t v;
-    memcpy(&v, take(c, 4, what), 4);
-    return v;
-}
-static int32_t rd_i32(Cursor *c, const char *what) {
-    int32_t v;
-    memcpy(&v, take(c, 4, what), 4);
-    return v;
-}
-static uint64_t rd_u64(Cursor *c, const char *what) {
-    uint64_t v;
-    memcpy(&v, take(c, 8, what), 8);
-    return v;
-}
-static int64_t rd_i64(Cursor *c, const char *what) {
-    int64_t v;
-    memcpy(&v, take(c, 8, what), 8);
-    return v;
-}
+static void rd(Cursor *c, void *v, uint64_t n, const char *what) { memcpy(v, take(c, n, what), n); }
+static uint32_t rd_u32(Cursor *c, const char *what) { uint32_t v; rd(c, &v, 4, what); return v; }
+static int32_t rd_i32(Cursor *c, const char *what) { int32_t v; rd(c, &v, 4, what); return v; }
+static uint64_t rd_u64(Cursor *c, const char *what) { uint64_t v; rd(c, &v, 8, what); return v; }
+static int64_t rd_i64(Cursor *c, const char *what) { int64_t v; rd(c, &v, 8, what); return v; }
 
 // A GGUF string: returns a pointer to its bytes (not NUL-terminated) and its length.
 static const uint8_t *rd_str(Cursor *c, uint64_t *len, const char *what) {
