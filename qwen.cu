@@ -6854,11 +6854,17 @@ static float *gen_feed(Gen *g, const int *ids, int n, DumpCtx *dump) {
     return logits;
 }
 
+// One token to stdout: its text (a UTF-8 sequence split across tokens is held back until it is
+// whole), or its id when the file has no vocabulary.
 static void gen_print(Gen *g, int id) {
-    int len = 1;
-    const char *p = g->tok ? tokenizer_piece(g->tok, id, g->special, &len) : " ";
-    if (g->tok) stream_token(&g->out, g->tok, id, g->special);
-    else printf("%d ", id);
+    if (!g->tok) {
+        printf("%d ", id);
+        g_stdout_midline = 1;
+        return;
+    }
+    int len;
+    const char *p = tokenizer_piece(g->tok, id, g->special, &len);
+    stream_bytes(&g->out, p, len);
     if (len > 0) g_stdout_midline = p[len - 1] != '\n';
 }
 

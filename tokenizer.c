@@ -773,11 +773,6 @@ static void stream_bytes(Stream *st, const char *bytes, int len) {
         }
     }
 }
-static void stream_token(Stream *st, const Tokenizer *t, int id, int special) {
-    int len;
-    const char *p = tokenizer_piece(t, id, special, &len);
-    stream_bytes(st, p, len);
-}
 static void stream_flush(Stream *st) {
     if (st->n) fputs("\xef\xbf\xbd", st->f);
     st->n = 0;

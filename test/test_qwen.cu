@@ -1918,7 +1918,9 @@ static void test_tokenizer(void) {
             Stream st = {{0}, 0, f};
             int partial = 0;
             for (int i = 0; i < nx; i++) {
-                stream_token(&st, &t, x[i], 0);
+                int plen;
+                const char *piece = tokenizer_piece(&t, x[i], 0, &plen);
+                stream_bytes(&st, piece, plen);
                 fflush(f);
                 long len = ftell(f);
                 uint32_t tmp[4096];
