@@ -6988,15 +6988,27 @@ static char *read_line_stdin(const char *prompt) {
     }
 }
 
+// The ids of one user turn of ChatML (the first with the system prompt). Every later turn starts
+// by closing the last answer with <|im_end|>, which the answer stopped at without feeding it.
+static int chat_ids(const Args *a, const Tokenizer *tok, const char *line, int first, int **ids) {
+    char *turn = chat_turn(tok, first ? a->system_prompt : NULL, line, first, a->no_think);
+    int *t, n = tokenizer_encode(tok, turn, strlen(turn), 1, &t);
+    free(turn);
+    int k = !first; // 1: room for the <|im_end|>
+    *ids = (int *)xmalloc((size_t)(n + k) * sizeof(int));
+    if (k) (*ids)[0] = tok->im_end_id >= 0 ? tok->im_end_id : tok->eos_id;
+    memcpy(*ids + k, t, (size_t)n * sizeof(int));
+    free(t);
+    return n + k;
+}
+
 // Chat: the prompt (if any), then each line of stdin, is a user turn of Qwen's ChatML; the KV
-// cache is kept across turns, and each turn closes the last answer with <|im_end|>.
+// cache is kept across turns.
 static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
     const char *ask = isatty(0) ? "\n> " : NULL;
     char *line = a->prompt ? NULL : read_line_stdin(ask);
     if (!a->prompt && !line) return 0;
-    char *turn = chat_turn(tok, a->system_prompt, a->prompt ? a->prompt : line, 1, a->no_think);
-    int *ids, n = tokenizer_encode(tok, turn, strlen(turn), 1, &ids);
-    free(turn);
+    int *ids, n = chat_ids(a, tok, a->prompt ? a->prompt : line, 1, &ids);
     free(line);
     if (n > a->n_ctx)
         die("the prompt has %d tokens but the context is %d: raise -c", n, a->n_ctx);
@@ -7015,15 +7027,7 @@ static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
         free(ids);
         ids = NULL;
         if (!(line = read_line_stdin(ask))) break;
-        // the next turn closes this answer with <|im_end|>, then the user's line
-        turn = chat_turn(tok, NULL, line, 0, a->no_think);
-        int *tids, nt = tokenizer_encode(tok, turn, strlen(turn), 1, &tids);
-        ids = (int *)xmalloc((size_t)(nt + 1) * sizeof(int));
-        ids[0] = tok->im_end_id >= 0 ? tok->im_end_id : tok->eos_id;
-        memcpy(ids + 1, tids, (size_t)nt * sizeof(int));
-        n = nt + 1;
-        free(tids);
-        free(turn);
+        n = chat_ids(a, tok, line, 0, &ids);
         free(line);
     }
     free(ids);
