@@ -224,13 +224,18 @@ static Guarded guarded_copy(const void *src, size_t n) {
 }
 static void guarded_free(Guarded *g) { munmap(g->map, g->map_len); }
 
+// Parse a GGUF image held in memory into g; the caller calls gguf_close(g) whatever it returns.
+static int parse_image(GGUF *g, const uint8_t *f, size_t len) {
+    memset(g, 0, sizeof *g);
+    g->fd = -1;
+    return gguf_parse(g, f, len);
+}
+
 static int parse_variant(const Variant *v, char *err, size_t cap) {
     Buf b = make_gguf(v);
     Guarded c = guarded_copy(b.p, b.n);
     GGUF g;
-    memset(&g, 0, sizeof g);
-    g.fd = -1;
-    int rc = gguf_parse(&g, c.p, b.n);
+    int rc = parse_image(&g, c.p, b.n);
     snprintf(err, cap, "%s", g.err);
     gguf_close(&g);
     guarded_free(&c);
@@ -248,9 +253,7 @@ static void test_gguf_reader(void) {
     {
         Buf b = make_gguf(&ok0);
         GGUF g;
-        memset(&g, 0, sizeof g);
-        g.fd = -1;
-        int rc = gguf_parse(&g, b.p, b.n);
+        int rc = parse_image(&g, b.p, b.n);
         int good = rc == 0 && g.n_kv == 4 && g.n_tensors == 2 && gguf_u32(&g, "test.count", 1, 0) == 7;
         char s[32];
         good = good && gguf_str(&g, "general.architecture", s, sizeof s) && strcmp(s, "qwen2") == 0;
@@ -318,9 +321,7 @@ static void test_gguf_reader(void) {
             Buf b = make_gguf(&ok0);
             memset(b.p + 4, 0, 4);
             GGUF g;
-            memset(&g, 0, sizeof g);
-            g.fd = -1;
-            rc = gguf_parse(&g, b.p, b.n);
+            rc = parse_image(&g, b.p, b.n);
             snprintf(err, sizeof err, "%s", g.err);
             gguf_close(&g);
             free(b.p);
@@ -345,10 +346,8 @@ static void test_gguf_reader(void) {
         kv_arr_i32(&b, "x.per_layer", five, 5);
         kv_u32(&b, "x.scalar", 7);
         GGUF g;
-        memset(&g, 0, sizeof g);
-        g.fd = -1;
         int32_t o4[5] = {0}, o5[5] = {0}, os[5] = {0};
-        int ok = gguf_parse(&g, b.p, b.n) == 0 && gguf_int_or_arr(&g, "x.per_layer", o4, 4, 5) &&
+        int ok = parse_image(&g, b.p, b.n) == 0 && gguf_int_or_arr(&g, "x.per_layer", o4, 4, 5) &&
                  gguf_int_or_arr(&g, "x.per_layer", o5, 5, 5) && gguf_int_or_arr(&g, "x.scalar", os, 3, 5) &&
                  !gguf_int_or_arr(&g, "x.absent", os + 3, 1, 1);
         ok = ok && !memcmp(o4, five, 16) && o4[4] == 0 && !memcmp(o5, five, 20) && os[0] == 7 && os[2] == 7 && os[3] == 0;
@@ -387,10 +386,8 @@ static void test_gguf_reader(void) {
             for (int i = 0; i <= n; i++) put(&b, zeros, 32);
         }
         GGUF gb;
-        memset(&gb, 0, sizeof gb);
-        gb.fd = -1;
         double t0 = now_sec();
-        int rc = gguf_parse(&gb, b.p, b.n);
+        int rc = parse_image(&gb, b.p, b.n);
         double dt = now_sec() - t0;
         snprintf(name, sizeof name, "gguf rejects: %s with one duplicate, in under 10 s: s", kind ? "100k tensors" : "200k keys");
         report(rc != 0 && strstr(gb.err, kind ? "duplicate tensor name" : "duplicate metadata key") && dt < 10.0, name, dt, 10.0);
@@ -409,18 +406,14 @@ static void test_gguf_reader(void) {
     uint8_t *file = (uint8_t *)read_file(path, &len);
     if (!file) { check(0, "gguf: read tiny-qwen3-q4_0.gguf"); return; }
     GGUF g;
-    memset(&g, 0, sizeof g);
-    g.fd = -1;
-    int rc = gguf_parse(&g, file, len);
+    int rc = parse_image(&g, file, len);
     size_t header = g.data_offset;
     check(rc == 0 && g.n_tensors > 0, "gguf: fixture tiny-qwen3-q4_0.gguf parses");
     gguf_close(&g);
     int errors = 0, accepted = 0;
     for (size_t cut = 0; cut < header + 64 && cut < len; cut++) {
         Guarded copy = guarded_copy(file, cut);
-        memset(&g, 0, sizeof g);
-        g.fd = -1;
-        if (gguf_parse(&g, copy.p, cut) == 0) accepted++; else errors++;
+        if (parse_image(&g, copy.p, cut) == 0) accepted++; else errors++;
         gguf_close(&g);
         guarded_free(&copy);
     }
@@ -432,9 +425,7 @@ static void test_gguf_reader(void) {
         memcpy(copy, file, len);
         int nflip = 1 + (int)(urand() * 4);
         for (int k = 0; k < nflip; k++) copy[(size_t)(urand() * header)] ^= (uint8_t)(1 + urand() * 255);
-        memset(&g, 0, sizeof g);
-        g.fd = -1;
-        if (gguf_parse(&g, copy, len) != 0) {
+        if (parse_image(&g, copy, len) != 0) {
             if (g.err[0] == 0) flips_ok = 0; // errors must say why
         } else {
             // an accepted file: every tensor's bytes inside the data section, its size its shape's
@@ -1262,6 +1253,14 @@ static void test_sampler(void) {
 // =================================================================================================
 // Command line: error paths exit non-zero with a message; outputs are well-formed
 // =================================================================================================
+// Replace the first `pat` in s (a buffer of cap bytes) by val: the CLI tests' placeholders.
+static void subst(char *s, size_t cap, const char *pat, const char *val) {
+    char *at = strstr(s, pat), rest[1024];
+    if (!at) return;
+    snprintf(rest, sizeof rest, "%s", at + strlen(pat));
+    snprintf(at, cap - (size_t)(at - s), "%s%s", val, rest);
+}
+
 static int run_cmd(const char *cmd, char *out, size_t cap) {
     FILE *p = popen(cmd, "r");
     if (!p) return -1;
@@ -1315,18 +1314,11 @@ static void test_cli(void) {
 #undef M
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         // MODEL: the fixture model; TEXTFILE: a file that is neither GGUF nor a KL base (greedy.jsonl)
-        char args[512], *at;
+        char args[512], textfile[512];
         snprintf(args, sizeof args, "%s", cases[i].args);
-        const char *pat[2] = {"MODEL", "TEXTFILE"};
-        char path[2][512];
-        snprintf(path[0], sizeof path[0], "%s", m);
-        snprintf(path[1], sizeof path[1], "%s/greedy.jsonl", DATA);
-        for (int k = 0; k < 2; k++)
-            if ((at = strstr(args, pat[k]))) {
-                char rest[512];
-                snprintf(rest, sizeof rest, "%s", at + strlen(pat[k]));
-                snprintf(at, sizeof args - (size_t)(at - args), "%s%s", path[k], rest);
-            }
+        snprintf(textfile, sizeof textfile, "%s/greedy.jsonl", DATA);
+        subst(args, sizeof args, "MODEL", m);
+        subst(args, sizeof args, "TEXTFILE", textfile);
         snprintf(cmd, sizeof cmd, "%s %s 2>&1", QWEN, args);
         int rc = run_cmd(cmd, out, sizeof out);
         char name[160];
@@ -1373,16 +1365,13 @@ static void test_cli(void) {
         size_t len;
         uint8_t *f = (uint8_t *)read_file(m, &len);
         GGUF g;
-        memset(&g, 0, sizeof g);
-        g.fd = -1;
         int found = 0;
-        if (gguf_parse(&g, f, len) == 0)
-            for (int64_t i = 0; i < g.n_tensors; i++)
-                if (!strcmp(g.tensors[i].name, "output_norm.weight") && g.tensors[i].type == GGML_TYPE_F32) {
-                    float nan = NAN;
-                    for (size_t b = 0; b + 4 <= g.tensors[i].nbytes; b += 4) memcpy(f + g.data_offset + g.tensors[i].offset + b, &nan, 4);
-                    found = 1;
-                }
+        const GGUFTensor *t = parse_image(&g, f, len) == 0 ? gguf_tensor(&g, "output_norm.weight") : NULL;
+        if (t && t->type == GGML_TYPE_F32) {
+            float nan = NAN;
+            for (size_t b = 0; b + 4 <= t->nbytes; b += 4) memcpy(f + g.data_offset + t->offset + b, &nan, 4);
+            found = 1;
+        }
         gguf_close(&g);
         snprintf(cmd, sizeof cmd, "%s_nan.gguf", tmp);
         write_file(cmd, f, len);
@@ -1406,14 +1395,9 @@ static void test_cli(void) {
         for (int k = 0; k < 3 && found; k++) {
             char args[600];
             snprintf(args, sizeof args, "%s", modes[k]);
-            char *at;
-            const char *pat[3] = {"TXT", "KLD", "DUMP"}, *val[3] = {txt, kld, dump};
-            for (int q = 0; q < 3; q++)
-                if ((at = strstr(args, pat[q]))) {
-                    char rest[600];
-                    snprintf(rest, sizeof rest, "%s", at + strlen(pat[q]));
-                    snprintf(at, sizeof args - (size_t)(at - args), "%s%s", val[q], rest);
-                }
+            subst(args, sizeof args, "TXT", txt);
+            subst(args, sizeof args, "KLD", kld);
+            subst(args, sizeof args, "DUMP", dump);
             snprintf(c2, sizeof c2, "%s -m %s --cpu %s 2>&1", QWEN, cmd, args);
             int rc = run_cmd(c2, out, sizeof out);
             int ok = rc == 1 && strstr(out, "are not finite") && access(kld, F_OK) != 0 && access(dump, F_OK) != 0;
@@ -1507,13 +1491,8 @@ static void test_cli(void) {
         size_t len;
         uint8_t *f = (uint8_t *)read_file(m, &len);
         GGUF g;
-        memset(&g, 0, sizeof g);
-        g.fd = -1;
-        size_t off = 0;
-        if (gguf_parse(&g, f, len) == 0)
-            for (int64_t i = 0; i < g.n_kv; i++)
-                if (!strcmp(g.kv[i].key, "qwen3.rope.freq_base") && g.kv[i].type == GGUF_TYPE_F32)
-                    off = (size_t)(g.kv[i].data - f);
+        const GGUFKV *kv = parse_image(&g, f, len) == 0 ? gguf_find(&g, "qwen3.rope.freq_base") : NULL;
+        size_t off = kv && kv->type == GGUF_TYPE_F32 ? (size_t)(kv->data - f) : 0;
         gguf_close(&g);
         const float vals[3] = {0.0f, -1.0f, INFINITY};
         int good = off > 0;
