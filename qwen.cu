@@ -6895,7 +6895,11 @@ static void gen_answer(Gen *g, float *logits) {
     g_stdout_midline = 0;
 }
 
-static void gen_init(Gen *g, const Args *a, Model *m, const Tokenizer *tok) {
+// The engine, sampler and printer of a run whose first prompt has n_prompt tokens, which must fit
+// the context.
+static void gen_init(Gen *g, const Args *a, Model *m, const Tokenizer *tok, int n_prompt) {
+    if (n_prompt > a->n_ctx)
+        die("the prompt has %d tokens but the context is %d: raise -c", n_prompt, a->n_ctx);
     memset(g, 0, sizeof *g);
     if (!a->use_cpu && !gpu_available())
         die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
@@ -6946,10 +6950,8 @@ static int mode_generate(const Args *a, Model *m, const Tokenizer *tok) {
     else if (a->prompt) n = tokenizer_encode(tok, a->prompt, a->prompt_len, a->parse_special, &ids);
     if (n == 0) die("empty prompt: give -p TEXT, -f FILE, --tokens IDS or --chat");
     check_tokens(&m->c, ids, n, "prompt token");
-    if (n > a->n_ctx)
-        die("the prompt has %d tokens but the context is %d: raise -c", n, a->n_ctx);
     Gen g;
-    gen_init(&g, a, m, tok);
+    gen_init(&g, a, m, tok, n);
     DumpCtx dump = {NULL, a->dump_path, m->c.n_vocab};
     if (a->dump_path && !(dump.f = fopen(a->dump_path, "wb")))
         die("cannot write '%s': %s", a->dump_path, strerror(errno));
@@ -7010,10 +7012,8 @@ static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
     if (!a->prompt && !line) return 0;
     int *ids, n = chat_ids(a, tok, a->prompt ? a->prompt : line, 1, &ids);
     free(line);
-    if (n > a->n_ctx)
-        die("the prompt has %d tokens but the context is %d: raise -c", n, a->n_ctx);
     Gen g;
-    gen_init(&g, a, m, tok);
+    gen_init(&g, a, m, tok, n);
     int rc = 0;
     for (;;) {
         // the answers so far stand: the timing lines follow, then exit 1
