@@ -6486,9 +6486,8 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
             engine_eval(e, a.tk, n_ctx - 1, 0, a.first, ppl_score, &a);
         } else { // plain perplexity: only the scored tokens' log-probabilities leave the GPU
             engine_nll(e, a.tk, a.tk + 1, n_ctx - 1, a.first, nll_chunk);
-            for (int j = 0; j < a.per_chunk; j++)
-                if (!isfinite(nll_chunk[j])) die_not_finite(a.first + j, c + 1);
             for (int j = 0; j < a.per_chunk; j++) {
+                if (!isfinite(nll_chunk[j])) die_not_finite(a.first + j, c + 1);
                 a.nll += nll_chunk[j];
                 a.nll2 += nll_chunk[j] * nll_chunk[j];
                 a.n++;
