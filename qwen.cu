@@ -5844,10 +5844,12 @@ static float *engine_forward(Engine *e, int token, int pos) {
     return e->cpu.logits;
 }
 
+// Every id of tokens[0..n) inside the vocabulary, or exit naming the first one outside it.
 static void check_tokens(const Config *c, const int *tokens, int n, const char *what) {
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
-            die("%s id %d is outside the vocabulary (0..%d)", what, tokens[i], c->n_vocab - 1);
+            die("%s %d (id %d) is outside the vocabulary (0..%d)", what, i, tokens[i],
+                c->n_vocab - 1);
 }
 
 // The batched pass over a prompt on the GPU: tokens[0..n) from position pos in batches of up to -b
@@ -6786,9 +6788,7 @@ static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const 
         if (n_chunk == 0)
             die("--perplexity: the text has %d tokens, fewer than one chunk of -c %d", n_tok,
                 n_ctx);
-        for (int i = 0; i < n_chunk * n_ctx; i++)
-            if (ptoks[i] < 0 || ptoks[i] >= c->n_vocab)
-                die("token %d (id %d) is outside the vocabulary", i, ptoks[i]);
+        check_tokens(c, ptoks, n_chunk * n_ctx, "token");
     }
     if (a->max_chunks > 0 && n_chunk > a->max_chunks) n_chunk = a->max_chunks;
     if (n_ctx > c->n_ctx_train)
