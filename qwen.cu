@@ -313,7 +313,173 @@ static const char *type_name(int type) {
     return (type >= 0 && type < GGML_TYPE_COUNT) ? TYPE_TRAITS[type].name : "invalid";
 }
 
-// Parse a GGUF image of `size` bytes at `base`. Returns 0, or -1 with g->err saying why.
+// The metadata: n_kv x {key, type, value}. The keys are copied (NUL-terminated); the values stay in
+// the map, each bounded here so that the typed getters below can read them without checks.
+static void parse_kvs(GGUF *g, Cursor *c, int64_t n_kv) {
+    g->kv = (GGUFKV *)xcalloc((size_t)n_kv, sizeof(GGUFKV));
+    g->alignment = 32;
+    for (int64_t i = 0; i < n_kv; i++) {
+        GGUFKV *kv = &g->kv[i];
+        uint64_t klen;
+        const uint8_t *k = rd_str(c, &klen, "metadata key");
+        if (klen == 0) gguf_fail(g, "metadata key #%lld is empty", (long long)i);
+        kv->key = (char *)xmalloc(klen + 1);
+        memcpy(kv->key, k, klen);
+        kv->key[klen] = 0;
+        g->n_kv = i + 1; // from here on gguf_close frees this key
+        if (strlen(kv->key) != klen)
+            gguf_fail(g, "metadata key #%lld contains a NUL byte", (long long)i);
+
+        kv->type = rd_i32(c, kv->key);
+        if (kv->type < 0 || kv->type >= GGUF_TYPE_COUNT)
+            gguf_fail(g, "key '%s': unknown value type %d", kv->key, kv->type);
+        if (kv->type == GGUF_TYPE_STRING) {
+            kv->data = rd_str(c, &kv->n, kv->key);
+        } else if (kv->type == GGUF_TYPE_ARRAY) {
+            kv->arr_type = rd_i32(c, kv->key);
+            if (kv->arr_type == GGUF_TYPE_ARRAY)
+                gguf_fail(g, "key '%s': nested arrays are not supported", kv->key);
+            if (kv->arr_type < 0 || kv->arr_type >= GGUF_TYPE_COUNT)
+                gguf_fail(g, "key '%s': unknown array element type %d", kv->key, kv->arr_type);
+            kv->n = rd_u64(c, kv->key);
+            if (kv->n > GGUF_MAX_ARRAY_ELEMENTS)
+                gguf_fail(g, "key '%s': array of %llu elements is over the 2^30 limit", kv->key,
+                          (unsigned long long)kv->n);
+            uint64_t left = (uint64_t)(c->end - c->p);
+            kv->data = c->p;
+            if (kv->arr_type == GGUF_TYPE_STRING) {
+                if (kv->n * 8 > left)
+                    gguf_fail(g, "key '%s': %llu strings cannot fit in the %llu bytes left",
+                              kv->key, (unsigned long long)kv->n, (unsigned long long)left);
+                for (uint64_t j = 0; j < kv->n; j++) {
+                    uint64_t len;
+                    rd_str(c, &len, kv->key); // bounds each element; the bytes stay in the map
+                }
+            } else {
+                uint64_t esz = GGUF_TYPE_SIZE[kv->arr_type];
+                if (kv->n * esz > left)
+                    gguf_fail(g, "key '%s': array of %llu x %s needs %llu bytes, %llu left",
+                              kv->key, (unsigned long long)kv->n, GGUF_TYPE_NAME[kv->arr_type],
+                              (unsigned long long)(kv->n * esz), (unsigned long long)left);
+                take(c, kv->n * esz, kv->key);
+            }
+        } else {
+            kv->n = 1;
+            kv->data = take(c, GGUF_TYPE_SIZE[kv->type], kv->key);
+        }
+
+        if (strcmp(kv->key, "general.alignment") == 0) {
+            if (kv->type != GGUF_TYPE_U32)
+                gguf_fail(g, "general.alignment must be u32, found %s", GGUF_TYPE_NAME[kv->type]);
+            memcpy(&g->alignment, kv->data, 4);
+            if (g->alignment == 0 || (g->alignment & (g->alignment - 1)))
+                gguf_fail(g, "general.alignment = %u is not a non-zero power of two", g->alignment);
+        }
+    }
+
+    char dup[128];
+    const char **names = (const char **)xmalloc((size_t)n_kv * sizeof *names);
+    for (int64_t i = 0; i < n_kv; i++) names[i] = g->kv[i].key;
+    if (find_duplicate(names, n_kv, dup, sizeof dup))
+        gguf_fail(g, "duplicate metadata key '%s'", dup);
+}
+
+// The tensor infos: n_tensors x {name, dims, type, offset}. Each shape is checked here (positive,
+// int32 dims, a whole number of blocks per row, no overflow) and its byte size computed.
+static void parse_tensor_infos(GGUF *g, Cursor *c, int64_t n_tensors) {
+    g->tensors = (GGUFTensor *)xcalloc((size_t)n_tensors, sizeof(GGUFTensor));
+    g->n_tensors = n_tensors;
+    for (int64_t i = 0; i < n_tensors; i++) {
+        GGUFTensor *t = &g->tensors[i];
+        uint64_t nlen;
+        const uint8_t *name = rd_str(c, &nlen, "tensor name");
+        if (nlen >= GGUF_MAX_NAME)
+            gguf_fail(g, "tensor #%lld: name of %llu bytes is longer than 63", (long long)i,
+                      (unsigned long long)nlen);
+        memcpy(t->name, name, nlen);
+        t->name[nlen] = 0;
+        if (strlen(t->name) != nlen)
+            gguf_fail(g, "tensor #%lld: name contains a NUL byte", (long long)i);
+
+        uint32_t n_dims = rd_u32(c, t->name);
+        if (n_dims > GGUF_MAX_DIMS)
+            gguf_fail(g, "tensor '%s': n_dims = %u, at most 4", t->name, n_dims);
+        t->n_dims = (int)n_dims;
+        for (int d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
+        for (uint32_t d = 0; d < n_dims; d++) {
+            t->ne[d] = rd_i64(c, t->name);
+            if (t->ne[d] <= 0)
+                gguf_fail(g, "tensor '%s': dimension %u is %lld (must be at least 1)", t->name, d,
+                          (long long)t->ne[d]);
+            if (t->ne[d] > INT32_MAX) // the engine keeps row counts and row lengths in ints
+                gguf_fail(g, "tensor '%s': dimension %u is %lld (at most %d)", t->name, d,
+                          (long long)t->ne[d], INT32_MAX);
+        }
+        // element count must fit in int64
+        if (INT64_MAX / t->ne[1] <= t->ne[0] || INT64_MAX / t->ne[2] <= t->ne[0] * t->ne[1] ||
+            INT64_MAX / t->ne[3] <= t->ne[0] * t->ne[1] * t->ne[2])
+            gguf_fail(g, "tensor '%s': element count overflows", t->name);
+
+        t->type = rd_i32(c, t->name);
+        if (t->type < 0 || t->type >= GGML_TYPE_COUNT)
+            gguf_fail(g, "tensor '%s': invalid ggml type id %d", t->name, t->type);
+        const TypeTraits *tt = &TYPE_TRAITS[t->type];
+        if (tt->blck == 0)
+            gguf_fail(g, "tensor '%s': type %d (%s) is not supported", t->name, t->type, tt->name);
+        if (t->ne[0] % tt->blck != 0)
+            gguf_fail(g, "tensor '%s': row length %lld is not a multiple of the %s block size %d",
+                      t->name, (long long)t->ne[0], tt->name, tt->blck);
+        uint64_t nblocks = (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]) / tt->blck;
+        if (nblocks > SIZE_MAX / tt->type_size)
+            gguf_fail(g, "tensor '%s': byte size overflows", t->name);
+        t->nbytes = (size_t)(nblocks * tt->type_size);
+        t->offset = rd_u64(c, t->name);
+    }
+    char dup[128];
+    const char **names = (const char **)xmalloc((size_t)n_tensors * sizeof *names);
+    for (int64_t i = 0; i < n_tensors; i++) names[i] = g->tensors[i].name;
+    if (find_duplicate(names, n_tensors, dup, sizeof dup))
+        gguf_fail(g, "duplicate tensor name '%s'", dup);
+}
+
+// The data blob starts at the first multiple of the alignment after the header (which ends at
+// byte pos); every tensor's bytes must lie inside the file, in order and padded to the alignment.
+static void place_tensors(GGUF *g, size_t pos) {
+    const uint8_t *base = g->base;
+    size_t size = g->size;
+    int64_t n_tensors = g->n_tensors;
+    size_t data_offset = (pos + g->alignment - 1) / g->alignment * g->alignment;
+    if (data_offset > size && n_tensors > 0)
+        gguf_fail(g, "the data section would start at %zu, past the end of the %zu-byte file",
+                  data_offset, size);
+    g->data_offset = data_offset;
+    uint64_t expect = 0; // where the next tensor must start: offsets are exactly contiguous
+    for (int64_t i = 0; i < n_tensors; i++) {
+        GGUFTensor *t = &g->tensors[i];
+        if (t->offset != expect)
+            gguf_fail(g, "tensor '%s': offset %llu, expected %llu (tensors must be contiguous)",
+                      t->name, (unsigned long long)t->offset, (unsigned long long)expect);
+        uint64_t padded = ((uint64_t)t->nbytes + g->alignment - 1) / g->alignment * g->alignment;
+        if (padded < t->nbytes || expect + padded < expect)
+            gguf_fail(g, "tensor '%s': size overflows", t->name);
+        if (t->offset > size || data_offset > size - t->offset ||
+            t->nbytes > size - data_offset - t->offset)
+            gguf_fail(g, "tensor '%s': %zu bytes at offset %llu run past the end of the file "
+                      "(%zu bytes): truncated download?", t->name, t->nbytes,
+                      (unsigned long long)(data_offset + t->offset), size);
+        // the file is mapped at a page boundary and its blocks are read in place (fp16 scales, fp32
+        // norms): a tensor must start on 4 bytes, as it does with any alignment of 4 or more
+        if ((data_offset + t->offset) % 4 != 0)
+            gguf_fail(g, "tensor '%s': its data at file offset %llu is not 4-byte aligned "
+                      "(general.alignment = %u)", t->name,
+                      (unsigned long long)(data_offset + t->offset), g->alignment);
+        t->data = base + data_offset + t->offset;
+        expect += padded;
+    }
+}
+
+// Parse a GGUF image of `size` bytes at `base`: the header here, then the three parts above in file
+// order. Returns 0, or -1 with g->err saying why (every gguf_fail jumps back to the setjmp below).
 // On failure the caller must still call gguf_close() to free what was allocated.
 static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
     g->base = base;
@@ -342,168 +508,16 @@ static int gguf_parse(GGUF *g, const uint8_t *base, size_t size) {
     int64_t n_kv = rd_i64(&c, "n_kv");
     // Each KV pair takes at least 8+4+1 bytes (an empty key, a one-byte value) and each tensor info
     // at least 8+4+4+8 (an empty name, no dims): bounding the counts by the file size keeps the
-    // allocations below honest.
+    // allocations of parse_kvs and parse_tensor_infos honest.
     if (n_tensors < 0 || (uint64_t)n_tensors > size / 24)
         gguf_fail(g, "n_tensors = %lld is impossible for a file of %zu bytes", (long long)n_tensors,
                   size);
     if (n_kv < 0 || (uint64_t)n_kv > size / 13)
         gguf_fail(g, "n_kv = %lld is impossible for a file of %zu bytes", (long long)n_kv, size);
 
-    // --- key/value metadata ---
-    g->kv = (GGUFKV *)xcalloc((size_t)n_kv, sizeof(GGUFKV));
-    g->alignment = 32;
-    for (int64_t i = 0; i < n_kv; i++) {
-        GGUFKV *kv = &g->kv[i];
-        uint64_t klen;
-        const uint8_t *k = rd_str(&c, &klen, "metadata key");
-        if (klen == 0) gguf_fail(g, "metadata key #%lld is empty", (long long)i);
-        kv->key = (char *)xmalloc(klen + 1);
-        memcpy(kv->key, k, klen);
-        kv->key[klen] = 0;
-        g->n_kv = i + 1; // from here on gguf_close frees this key
-        if (strlen(kv->key) != klen)
-            gguf_fail(g, "metadata key #%lld contains a NUL byte", (long long)i);
-
-        kv->type = rd_i32(&c, kv->key);
-        if (kv->type < 0 || kv->type >= GGUF_TYPE_COUNT)
-            gguf_fail(g, "key '%s': unknown value type %d", kv->key, kv->type);
-        if (kv->type == GGUF_TYPE_STRING) {
-            kv->data = rd_str(&c, &kv->n, kv->key);
-        } else if (kv->type == GGUF_TYPE_ARRAY) {
-            kv->arr_type = rd_i32(&c, kv->key);
-            if (kv->arr_type == GGUF_TYPE_ARRAY)
-                gguf_fail(g, "key '%s': nested arrays are not supported", kv->key);
-            if (kv->arr_type < 0 || kv->arr_type >= GGUF_TYPE_COUNT)
-                gguf_fail(g, "key '%s': unknown array element type %d", kv->key, kv->arr_type);
-            kv->n = rd_u64(&c, kv->key);
-            if (kv->n > GGUF_MAX_ARRAY_ELEMENTS)
-                gguf_fail(g, "key '%s': array of %llu elements is over the 2^30 limit", kv->key,
-                          (unsigned long long)kv->n);
-            uint64_t left = (uint64_t)(c.end - c.p);
-            kv->data = c.p;
-            if (kv->arr_type == GGUF_TYPE_STRING) {
-                if (kv->n * 8 > left)
-                    gguf_fail(g, "key '%s': %llu strings cannot fit in the %llu bytes left",
-                              kv->key, (unsigned long long)kv->n, (unsigned long long)left);
-                for (uint64_t j = 0; j < kv->n; j++) {
-                    uint64_t len;
-                    rd_str(&c, &len, kv->key); // bounds each element; the bytes stay in the map
-                }
-            } else {
-                uint64_t esz = GGUF_TYPE_SIZE[kv->arr_type];
-                if (kv->n * esz > left)
-                    gguf_fail(g, "key '%s': array of %llu x %s needs %llu bytes, %llu left",
-                              kv->key, (unsigned long long)kv->n, GGUF_TYPE_NAME[kv->arr_type],
-                              (unsigned long long)(kv->n * esz), (unsigned long long)left);
-                take(&c, kv->n * esz, kv->key);
-            }
-        } else {
-            kv->n = 1;
-            kv->data = take(&c, GGUF_TYPE_SIZE[kv->type], kv->key);
-        }
-
-        if (strcmp(kv->key, "general.alignment") == 0) {
-            if (kv->type != GGUF_TYPE_U32)
-                gguf_fail(g, "general.alignment must be u32, found %s", GGUF_TYPE_NAME[kv->type]);
-            memcpy(&g->alignment, kv->data, 4);
-            if (g->alignment == 0 || (g->alignment & (g->alignment - 1)))
-                gguf_fail(g, "general.alignment = %u is not a non-zero power of two", g->alignment);
-        }
-    }
-
-    char dup[128];
-    const char **names = (const char **)xmalloc((size_t)n_kv * sizeof *names);
-    for (int64_t i = 0; i < n_kv; i++) names[i] = g->kv[i].key;
-    if (find_duplicate(names, n_kv, dup, sizeof dup))
-        gguf_fail(g, "duplicate metadata key '%s'", dup);
-
-    // --- tensor infos ---
-    g->tensors = (GGUFTensor *)xcalloc((size_t)n_tensors, sizeof(GGUFTensor));
-    g->n_tensors = n_tensors;
-    for (int64_t i = 0; i < n_tensors; i++) {
-        GGUFTensor *t = &g->tensors[i];
-        uint64_t nlen;
-        const uint8_t *name = rd_str(&c, &nlen, "tensor name");
-        if (nlen >= GGUF_MAX_NAME)
-            gguf_fail(g, "tensor #%lld: name of %llu bytes is longer than 63", (long long)i,
-                      (unsigned long long)nlen);
-        memcpy(t->name, name, nlen);
-        t->name[nlen] = 0;
-        if (strlen(t->name) != nlen)
-            gguf_fail(g, "tensor #%lld: name contains a NUL byte", (long long)i);
-
-        uint32_t n_dims = rd_u32(&c, t->name);
-        if (n_dims > GGUF_MAX_DIMS)
-            gguf_fail(g, "tensor '%s': n_dims = %u, at most 4", t->name, n_dims);
-        t->n_dims = (int)n_dims;
-        for (int d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
-        for (uint32_t d = 0; d < n_dims; d++) {
-            t->ne[d] = rd_i64(&c, t->name);
-            if (t->ne[d] <= 0)
-                gguf_fail(g, "tensor '%s': dimension %u is %lld (must be at least 1)", t->name, d,
-                          (long long)t->ne[d]);
-            if (t->ne[d] > INT32_MAX) // the engine keeps row counts and row lengths in ints
-                gguf_fail(g, "tensor '%s': dimension %u is %lld (at most %d)", t->name, d,
-                          (long long)t->ne[d], INT32_MAX);
-        }
-        // element count must fit in int64
-        if (INT64_MAX / t->ne[1] <= t->ne[0] || INT64_MAX / t->ne[2] <= t->ne[0] * t->ne[1] ||
-            INT64_MAX / t->ne[3] <= t->ne[0] * t->ne[1] * t->ne[2])
-            gguf_fail(g, "tensor '%s': element count overflows", t->name);
-
-        t->type = rd_i32(&c, t->name);
-        if (t->type < 0 || t->type >= GGML_TYPE_COUNT)
-            gguf_fail(g, "tensor '%s': invalid ggml type id %d", t->name, t->type);
-        const TypeTraits *tt = &TYPE_TRAITS[t->type];
-        if (tt->blck == 0)
-            gguf_fail(g, "tensor '%s': type %d (%s) is not supported", t->name, t->type, tt->name);
-        if (t->ne[0] % tt->blck != 0)
-            gguf_fail(g, "tensor '%s': row length %lld is not a multiple of the %s block size %d",
-                      t->name, (long long)t->ne[0], tt->name, tt->blck);
-        uint64_t nblocks = (uint64_t)(t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]) / tt->blck;
-        if (nblocks > SIZE_MAX / tt->type_size)
-            gguf_fail(g, "tensor '%s': byte size overflows", t->name);
-        t->nbytes = (size_t)(nblocks * tt->type_size);
-        t->offset = rd_u64(&c, t->name);
-    }
-    names = (const char **)xmalloc((size_t)n_tensors * sizeof *names);
-    for (int64_t i = 0; i < n_tensors; i++) names[i] = g->tensors[i].name;
-    if (find_duplicate(names, n_tensors, dup, sizeof dup))
-        gguf_fail(g, "duplicate tensor name '%s'", dup);
-
-    // --- data blob: starts at the next multiple of the alignment ---
-    size_t pos = (size_t)(c.p - base);
-    size_t data_offset = (pos + g->alignment - 1) / g->alignment * g->alignment;
-    if (data_offset > size && n_tensors > 0)
-        gguf_fail(g, "the data section would start at %zu, past the end of the %zu-byte file",
-                  data_offset, size);
-    g->data_offset = data_offset;
-
-    // Offsets must be exactly contiguous (each tensor padded to the alignment), and every tensor
-    // must lie inside the file.
-    uint64_t expect = 0;
-    for (int64_t i = 0; i < n_tensors; i++) {
-        GGUFTensor *t = &g->tensors[i];
-        if (t->offset != expect)
-            gguf_fail(g, "tensor '%s': offset %llu, expected %llu (tensors must be contiguous)",
-                      t->name, (unsigned long long)t->offset, (unsigned long long)expect);
-        uint64_t padded = ((uint64_t)t->nbytes + g->alignment - 1) / g->alignment * g->alignment;
-        if (padded < t->nbytes || expect + padded < expect)
-            gguf_fail(g, "tensor '%s': size overflows", t->name);
-        if (t->offset > size || data_offset > size - t->offset ||
-            t->nbytes > size - data_offset - t->offset)
-            gguf_fail(g, "tensor '%s': %zu bytes at offset %llu run past the end of the file "
-                      "(%zu bytes): truncated download?", t->name, t->nbytes,
-                      (unsigned long long)(data_offset + t->offset), size);
-        // the file is mapped at a page boundary and its blocks are read in place (fp16 scales, fp32
-        // norms): a tensor must start on 4 bytes, as it does with any alignment of 4 or more
-        if ((data_offset + t->offset) % 4 != 0)
-            gguf_fail(g, "tensor '%s': its data at file offset %llu is not 4-byte aligned "
-                      "(general.alignment = %u)", t->name,
-                      (unsigned long long)(data_offset + t->offset), g->alignment);
-        t->data = base + data_offset + t->offset;
-        expect += padded;
-    }
+    parse_kvs(g, &c, n_kv);
+    parse_tensor_infos(g, &c, n_tensors);
+    place_tensors(g, (size_t)(c.p - base));
     return 0;
 }
 
@@ -997,6 +1011,64 @@ typedef struct {
     Weights w;
 } Model;
 
+// An integer key that may be stored per layer (gguf_int_or_arr) but that this engine needs to be
+// the same for every layer it runs. def when the key is absent and not required.
+static int uniform_per_layer(const GGUF *g, const char *key, int n_layer, int n_all, int required,
+                             int def) {
+    int32_t v[MAX_LAYERS];
+    if (!gguf_int_or_arr(g, key, v, n_layer, n_all)) {
+        if (required) die("required metadata key '%s' is missing", key);
+        return def;
+    }
+    for (int i = 1; i < n_layer; i++)
+        if (v[i] != v[0]) die("%s varies across layers: not supported", key);
+    return v[0];
+}
+
+// The metadata keys of an architecture are prefixed by its name: KEY("context_length") is
+// "qwen3.context_length" for a qwen3 file (written into the caller's key[]).
+#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, c->arch_name), key)
+
+// qwen35 only: Gated DeltaNet layers except every full_attention_interval-th (3, 7, 11, ... with the
+// default 4) unless attention.recurrent_layers lists them (recurrent[i] = 1: layer i is DeltaNet),
+// and the DeltaNet's shapes.
+static void config_qwen35(Config *c, const GGUF *g, int n_layer_all, int32_t *recurrent) {
+    char key[160];
+    const char *arch = c->arch_name;
+    int n_layer = c->n_layer;
+    // MRoPE sections: required by the format; for text every section rotates with the same
+    // position, which is plain NEOX RoPE on the first n_rot dims
+    const GGUFKV *sec = gguf_find(g, KEY("rope.dimension_sections"));
+    if (!sec) die("required metadata key '%s' is missing", key);
+    if (sec->type == GGUF_TYPE_ARRAY && sec->n != 4)
+        die("%s has %llu entries, expected 4", key, (unsigned long long)sec->n);
+    int interval = (int)gguf_u32(g, KEY("full_attention_interval"), 0, 4);
+    if (interval < 1) die("%s = %d: must be at least 1", key, interval);
+    int32_t all[MAX_LAYERS];
+    if (gguf_int_or_arr(g, KEY("attention.recurrent_layers"), all, n_layer_all, n_layer_all)) {
+        for (int i = 0; i < n_layer; i++) recurrent[i] = all[i] != 0;
+    } else {
+        for (int i = 0; i < n_layer; i++) recurrent[i] = (i + 1) % interval != 0;
+    }
+    c->ssm_conv = (int)gguf_u32(g, KEY("ssm.conv_kernel"), 1, 0);
+    c->ssm_inner = (int)gguf_u32(g, KEY("ssm.inner_size"), 1, 0);
+    c->ssm_state = (int)gguf_u32(g, KEY("ssm.state_size"), 1, 0);
+    c->ssm_v_heads = (int)gguf_u32(g, KEY("ssm.time_step_rank"), 1, 0);
+    c->ssm_k_heads = (int)gguf_u32(g, KEY("ssm.group_count"), 1, 0);
+    if (c->ssm_conv != 4)
+        die("%s.ssm.conv_kernel = %d: only 4 is supported", arch, c->ssm_conv);
+    if (c->ssm_state <= 0 || c->ssm_state > 256 || c->ssm_state % 32)
+        die("%s.ssm.state_size = %d: must be a multiple of 32, at most 256", arch,
+            c->ssm_state);
+    if (c->ssm_k_heads <= 0 || c->ssm_v_heads <= 0 || c->ssm_v_heads > 4096 ||
+        c->ssm_v_heads % c->ssm_k_heads)
+        die("%s.ssm: %d value heads must be a multiple of %d key heads, at most 4096", arch,
+            c->ssm_v_heads, c->ssm_k_heads);
+    if ((int64_t)c->ssm_inner != (int64_t)c->ssm_state * c->ssm_v_heads)
+        die("%s.ssm.inner_size = %d, expected state_size x time_step_rank = %lld", arch,
+            c->ssm_inner, (long long)c->ssm_state * c->ssm_v_heads);
+}
+
 // Every hyper-parameter from the metadata, each checked against the bounds the engine relies on;
 // the keys are prefixed by the architecture's name (qwen2., qwen3., qwen35.).
 static void config_from_gguf(Config *c, const GGUF *g) {
@@ -1009,7 +1081,6 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     else die("architecture '%s' is not supported (qwen.cu runs qwen2, qwen3 and qwen35)", arch);
     snprintf(c->arch_name, sizeof c->arch_name, "%s", arch);
 
-#define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, arch), key)
     c->n_ctx_train = (int)gguf_u32(g, KEY("context_length"), 1, 0);
     c->n_embd = (int)gguf_u32(g, KEY("embedding_length"), 1, 0);
     int n_layer_all = (int)gguf_u32(g, KEY("block_count"), 1, 0);
@@ -1022,24 +1093,10 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     int n_layer = n_layer_all - (int)n_nextn;
     c->n_layer = n_layer;
 
-    // Per-layer keys may be arrays; this engine needs them uniform across layers.
-    int32_t per_layer[MAX_LAYERS];
-    if (!gguf_int_or_arr(g, KEY("feed_forward_length"), per_layer, n_layer, n_layer_all))
-        die("required metadata key '%s' is missing", key);
-    c->n_ff = per_layer[0];
-    for (int i = 1; i < n_layer; i++)
-        if (per_layer[i] != c->n_ff) die("%s varies across layers: not supported", key);
-    if (!gguf_int_or_arr(g, KEY("attention.head_count"), per_layer, n_layer, n_layer_all))
-        die("required metadata key '%s' is missing", key);
-    c->n_head = per_layer[0];
-    for (int i = 1; i < n_layer; i++)
-        if (per_layer[i] != c->n_head) die("%s varies across layers: not supported", key);
-    c->n_head_kv = c->n_head;
-    if (gguf_int_or_arr(g, KEY("attention.head_count_kv"), per_layer, n_layer, n_layer_all)) {
-        c->n_head_kv = per_layer[0];
-        for (int i = 1; i < n_layer; i++)
-            if (per_layer[i] != c->n_head_kv) die("%s varies across layers: not supported", key);
-    }
+    c->n_ff = uniform_per_layer(g, KEY("feed_forward_length"), n_layer, n_layer_all, 1, 0);
+    c->n_head = uniform_per_layer(g, KEY("attention.head_count"), n_layer, n_layer_all, 1, 0);
+    c->n_head_kv =
+        uniform_per_layer(g, KEY("attention.head_count_kv"), n_layer, n_layer_all, 0, c->n_head);
     if (c->n_embd <= 0 || c->n_ff <= 0 || c->n_head <= 0 || c->n_head_kv <= 0 ||
         c->n_ctx_train <= 0)
         die("model dimensions must be positive (embedding %d, ffn %d, heads %d/%d, context %d)",
@@ -1089,44 +1146,10 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     if (!(c->eps > 0.0f && c->eps < 1.0f))
         die("metadata key '%s' = %g: must be in (0, 1)", key, c->eps);
 
-    // Layer kinds. qwen2/qwen3: all attention. qwen35: Gated DeltaNet except every
-    // full_attention_interval-th layer (3, 7, 11, ... with the default 4), unless
-    // attention.recurrent_layers lists them explicitly.
+    // Layer kinds. qwen2/qwen3: all attention; qwen35: see config_qwen35.
     int32_t recurrent[MAX_LAYERS];
     memset(recurrent, 0, sizeof recurrent);
-    if (c->arch == ARCH_QWEN35) {
-        // MRoPE sections: required by the format; for text every section rotates with the same
-        // position, which is plain NEOX RoPE on the first n_rot dims
-        const GGUFKV *sec = gguf_find(g, KEY("rope.dimension_sections"));
-        if (!sec) die("required metadata key '%s' is missing", key);
-        if (sec->type == GGUF_TYPE_ARRAY && sec->n != 4)
-            die("%s has %llu entries, expected 4", key, (unsigned long long)sec->n);
-        int interval = (int)gguf_u32(g, KEY("full_attention_interval"), 0, 4);
-        if (interval < 1) die("%s = %d: must be at least 1", key, interval);
-        int32_t all[MAX_LAYERS];
-        if (gguf_int_or_arr(g, KEY("attention.recurrent_layers"), all, n_layer_all, n_layer_all)) {
-            for (int i = 0; i < n_layer; i++) recurrent[i] = all[i] != 0;
-        } else {
-            for (int i = 0; i < n_layer; i++) recurrent[i] = (i + 1) % interval != 0;
-        }
-        c->ssm_conv = (int)gguf_u32(g, KEY("ssm.conv_kernel"), 1, 0);
-        c->ssm_inner = (int)gguf_u32(g, KEY("ssm.inner_size"), 1, 0);
-        c->ssm_state = (int)gguf_u32(g, KEY("ssm.state_size"), 1, 0);
-        c->ssm_v_heads = (int)gguf_u32(g, KEY("ssm.time_step_rank"), 1, 0);
-        c->ssm_k_heads = (int)gguf_u32(g, KEY("ssm.group_count"), 1, 0);
-        if (c->ssm_conv != 4)
-            die("%s.ssm.conv_kernel = %d: only 4 is supported", arch, c->ssm_conv);
-        if (c->ssm_state <= 0 || c->ssm_state > 256 || c->ssm_state % 32)
-            die("%s.ssm.state_size = %d: must be a multiple of 32, at most 256", arch,
-                c->ssm_state);
-        if (c->ssm_k_heads <= 0 || c->ssm_v_heads <= 0 || c->ssm_v_heads > 4096 ||
-            c->ssm_v_heads % c->ssm_k_heads)
-            die("%s.ssm: %d value heads must be a multiple of %d key heads, at most 4096", arch,
-                c->ssm_v_heads, c->ssm_k_heads);
-        if ((int64_t)c->ssm_inner != (int64_t)c->ssm_state * c->ssm_v_heads)
-            die("%s.ssm.inner_size = %d, expected state_size x time_step_rank = %lld", arch,
-                c->ssm_inner, (long long)c->ssm_state * c->ssm_v_heads);
-    }
+    if (c->arch == ARCH_QWEN35) config_qwen35(c, g, n_layer_all, recurrent);
     c->n_kv_layers = c->n_gdn_layers = 0;
     for (int i = 0; i < n_layer; i++) {
         c->kind[i] = recurrent[i] ? LAYER_DELTANET : LAYER_ATTENTION;
