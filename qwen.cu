@@ -1029,9 +1029,9 @@ static int uniform_per_layer(const GGUF *g, const char *key, int n_layer, int n_
 // "qwen3.context_length" for a qwen3 file (written into the caller's key[]).
 #define KEY(suffix) (snprintf(key, sizeof key, "%s." suffix, c->arch_name), key)
 
-// qwen35 only: Gated DeltaNet layers except every full_attention_interval-th (3, 7, 11, ... with the
-// default 4) unless attention.recurrent_layers lists them (recurrent[i] = 1: layer i is DeltaNet),
-// and the DeltaNet's shapes.
+// qwen35 only: the layers are Gated DeltaNet except every full_attention_interval-th (3, 7, 11, ...
+// with the default 4), unless attention.recurrent_layers lists them (recurrent[i] = 1: layer i is
+// DeltaNet); and the DeltaNet's shapes.
 static void config_qwen35(Config *c, const GGUF *g, int n_layer_all, int32_t *recurrent) {
     char key[160];
     const char *arch = c->arch_name;

@@ -1116,6 +1116,111 @@ static void test_models(int use_gpu) {
 }
 
 // =================================================================================================
+// The form of the sources: what the reader of qwen.cu and the README is promised
+// =================================================================================================
+// Lines of qwen.cu at most 100 columns (UTF-8 characters), no environment reads or measurement
+// hooks in the engine, at least 15 % comment-only lines, every __global__ kernel's comment naming its
+// C twin (or why it has none), the README at most 300 lines, and every function its reading map
+// names defined in qwen.cu or tokenizer.c.
+static int defined_in(const char *src, const char *name) { // name( at the start of a word
+    size_t n = strlen(name);
+    for (const char *p = strstr(src, name); p; p = strstr(p + 1, name))
+        if ((p == src || !(isalnum((unsigned char)p[-1]) || p[-1] == '_')) && p[n] == '(')
+            return 1;
+    return 0;
+}
+static void test_source_form(void) {
+    char *src = read_file("qwen.cu", NULL), *tok = read_file("tokenizer.c", NULL);
+    char *readme = read_file("README.md", NULL);
+    if (!src || !tok || !readme) {
+        check(0, "source form: qwen.cu, tokenizer.c and README.md readable from the working dir");
+        free(src); free(tok); free(readme);
+        return;
+    }
+    // per line: columns, comment-only, and the kernels' comment blocks
+    int n_lines = 0, n_wide = 0, n_comment = 0, n_kernels = 0, n_untwinned = 0, widest = 0;
+    int block_twin = 0; // the comment block (with templates and #defines) above this line says twin
+    for (char *line = src; *line;) {
+        char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        int cols = 0;
+        for (size_t i = 0; i < len; i++) cols += ((unsigned char)line[i] & 0xc0) != 0x80;
+        n_lines++;
+        if (cols > 100) n_wide++;
+        if (cols > widest) widest = cols;
+        const char *t = line;
+        while (t < line + len && (*t == ' ' || *t == '\t')) t++;
+        int comment = t + 1 < line + len && t[0] == '/' && t[1] == '/';
+        n_comment += comment;
+        if (!strncmp(line, "__global__", 10)) {
+            n_kernels++;
+            if (!block_twin) {
+                n_untwinned++;
+                printf("     kernel without its C twin named above it: %.*s\n", (int)len, line);
+            }
+        }
+        if (comment) {
+            char save = line[len];
+            line[len] = 0;
+            if (strstr(line, "twin")) block_twin = 1;
+            line[len] = save;
+        } else if (len && strncmp(line, "template", 8) && strncmp(line, "#define", 7)) {
+            block_twin = 0;
+        }
+        line += len + (end ? 1 : 0);
+    }
+    report(n_wide == 0, "source form: qwen.cu lines over 100 columns", n_wide, 0);
+    char name[128];
+    snprintf(name, sizeof name, "source form: qwen.cu comment-only lines (%d of %d), share >= 0.15",
+             n_comment, n_lines);
+    report(n_comment >= 0.15 * n_lines, name, (double)n_comment / n_lines, 0.15);
+    const char *banned[] = {"getenv", "PROF(", "KERNEL_MARK", "KERNEL_TRACE"};
+    int n_banned = 0;
+    for (int i = 0; i < 4; i++) n_banned += strstr(src, banned[i]) != NULL;
+    report(n_banned == 0, "source form: no getenv, PROF(, KERNEL_MARK in qwen.cu", n_banned, 0);
+    snprintf(name, sizeof name, "source form: all %d __global__ kernels name their C twin", n_kernels);
+    report(n_kernels > 20 && n_untwinned == 0, name, n_untwinned, 0);
+    int readme_lines = 0;
+    for (const char *p = readme; *p; p++) readme_lines += *p == '\n';
+    report(readme_lines <= 300, "source form: README.md at most 300 lines", readme_lines, 300);
+    // the reading map: the table rows after "## Reading qwen.cu", every `identifier` in their C twin
+    // and GPU columns (the third and fourth cells) defined in the sources
+    const char *map = strstr(readme, "## Reading qwen.cu");
+    int n_named = 0, n_missing = 0;
+    for (const char *row = map; row && *row; row = strchr(row, '\n') ? strchr(row, '\n') + 1 : NULL) {
+        if (row[0] == '#' && row != map) break; // the next section
+        if (row[0] != '|' || !strncmp(row, "|---", 4) || !strncmp(row, "| piece", 7)) continue;
+        const char *eol = strchr(row, '\n');
+        if (!eol) eol = row + strlen(row);
+        int cell = 0;
+        for (const char *p = row; p < eol; p++) {
+            if (*p == '|') { cell++; continue; }
+            if (*p != '`' || cell < 3) continue;
+            const char *q = strchr(p + 1, '`');
+            if (!q || q > eol) break;
+            size_t n = (size_t)(q - p - 1);
+            int ident = n > 0 && n < sizeof name;
+            for (size_t i = 0; ident && i < n; i++)
+                ident = isalnum((unsigned char)p[1 + i]) || p[1 + i] == '_';
+            if (ident) {
+                memcpy(name, p + 1, n);
+                name[n] = 0;
+                n_named++;
+                if (!defined_in(src, name) && !defined_in(tok, name)) {
+                    n_missing++;
+                    printf("     the reading map names '%s', which is not a function here\n", name);
+                }
+            }
+            p = q;
+        }
+    }
+    snprintf(name, sizeof name, "source form: the README's reading map, %d names, each a function",
+             n_named);
+    report(map && n_named > 40 && n_missing == 0, name, n_missing, 0);
+    free(src); free(tok); free(readme);
+}
+
+// =================================================================================================
 // Sampler
 // =================================================================================================
 static void test_sampler(void) {
@@ -3399,6 +3504,7 @@ int main(int argc, char **argv) {
     test_iq4_planes();
     test_step_order();
     test_att_cut();
+    test_source_form();
     test_sampler();
     test_utf8_bounds();
     test_tokenizer();
