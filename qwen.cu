@@ -3828,6 +3828,12 @@ typedef struct {
     float *f;  // (T, ld) the rows x in fp32 for float weights (above), or NULL: none needs them
 } ActH;
 
+// The tensor cores' tiles through WMMA (sm_70+): 16x16x16, fp16 operands, fp32 sums.
+namespace wmma = nvcuda::wmma;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragAcc;                // C (16, 16)
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> FragA;   // A (16, 16)
+template <class LAYOUT> using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, LAYOUT>;
+
 // The power-of-two scale of a row whose largest magnitude is amax: s = 2^(e - 12), amax < 2^e.
 __host__ __device__ static float row_scale(float amax) {
     if (!(amax > 0.0f) || amax > 1e30f) return 1.0f; // zero, inf or nan rows: nothing to scale
@@ -4063,6 +4069,62 @@ __host__ __device__ static inline int mm_owner(long long s, long long total, int
     return (int)(((s + 1) * G - 1) / total);
 }
 
+// One step of a tile: acc += X W^T over its 64 k, from the staged tiles xc (MM_TT, MM_LD) and
+// wc (MM_TN, MM_LD) fp16. Warp (wt, wn) owns tokens 64 wt .. (4 fragments) x rows 32 wn .. (2).
+__device__ __forceinline__ void mm_multiply_step(FragAcc (&acc)[4][2], const __half *xc,
+                                                 const __half *wc, int wt, int wn) {
+#pragma unroll
+    for (int kk = 0; kk < 64; kk += 16) {
+        FragB<wmma::col_major> b[2];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            wmma::load_matrix_sync(b[j], wc + (32 * wn + 16 * j) * MM_LD + kk, MM_LD);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            FragA a;
+            wmma::load_matrix_sync(a, xc + (64 * wt + 16 * i) * MM_LD + kk, MM_LD);
+#pragma unroll
+            for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a, b[j], acc[i][j]);
+        }
+    }
+}
+
+// The epilogue of a piece of tile (t0, n0): each fragment goes through the warp's 16x16 fp32 patch
+// of shared memory, then every lane writes 8 of its values times the row scale s[t]: a whole tile
+// to y with the bias and accumulation, a piece cut between blocks to its slot (MM_TT, MM_TN) of
+// part, for matmul_fixup_kernel.
+__device__ __forceinline__ void mm_store_piece(const FragAcc (&acc)[4][2], float *patch,
+                                               int whole, float *slot, float *y /* (T, ldy) */,
+                                               int ldy,
+                                               const float *s /* (T) */,
+                                               const float *bias /* (n_out) or NULL */, int t0,
+                                               int n0, int wt, int wn, int T, int n_out,
+                                               int accumulate) {
+    int lane = threadIdx.x % WARP;
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
+            __syncwarp();
+            for (int e = lane; e < 256; e += WARP) {
+                // in the tile
+                int lt = 64 * wt + 16 * i + e / 16, ln = 32 * wn + 16 * j + e % 16;
+                int tt = t0 + lt, nn = n0 + ln;
+                if (tt < T && nn < n_out) {
+                    float v = patch[e] * s[tt];
+                    if (!whole) {
+                        slot[lt * MM_TN + ln] = v;
+                    } else {
+                        float *dst = y + (size_t)tt * ldy + nn;
+                        *dst = (accumulate ? *dst : 0.0f) + v + (bias ? bias[nn] : 0.0f);
+                    }
+                }
+            }
+            __syncwarp();
+        }
+}
+
 // Two blocks per SM: at most 128 registers per thread. (A V100 holds one 72 KB block per SM anyway;
 // there the bound costs its native sm_70 code some spills.) C twin: matmul_c.
 template <int TYPE>
@@ -4075,11 +4137,10 @@ matmul_kernel(const uint8_t *W, // weights: planes (fast types) or fp16 rows (n_
               float *part,      // (gridDim.x, 2, MM_TT, MM_TN) partial sums of cut tiles
               int ldy, const float *bias /* (n_out) or NULL */, int T, int n_in, int n_out,
               int accumulate) {
-    using namespace nvcuda;
     extern __shared__ __align__(32) uint8_t mm_smem[];
     // [2][MM_TT * MM_LD] and [2][MM_TN * MM_LD]: both tiles, double-buffered
     __half *xs = (__half *)mm_smem, *ws = xs + 2 * MM_TT * MM_LD;
-    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    int warp = threadIdx.x / WARP;
     int wt = warp / 4, wn = warp % 4;                   // warp tile: tokens 64*wt.., rows 32*wn..
     int lr = threadIdx.x / 2, lu = threadIdx.x % 2;     // loader: tile row lr, unit lu of the step
     int n_units = n_in / 32, n_steps = (n_units + 1) / 2;
@@ -4149,7 +4210,7 @@ matmul_kernel(const uint8_t *W, // weights: planes (fast types) or fp16 rows (n_
         for (int i = 0; i < 4; i++)
             xp[i] = (const uint4 *)(x.h + (size_t)min(t0 + xrow + 32 * i, T - 1) * x.ld) +
                     8 * k0 + xc;
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+        FragAcc acc[4][2];
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -4160,52 +4221,14 @@ matmul_kernel(const uint8_t *W, // weights: planes (fast types) or fp16 rows (n_
         for (int step = k0; step < k1; step++) {
             int cur = (step - k0) % 2;
             if (step + 1 < k1) fetch(step + 1);
-            const __half *xc = xs + cur * MM_TT * MM_LD, *wc = ws + cur * MM_TN * MM_LD;
-#pragma unroll
-            for (int kk = 0; kk < 64; kk += 16) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b[2];
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    wmma::load_matrix_sync(b[j], wc + (32 * wn + 16 * j) * MM_LD + kk, MM_LD);
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                    wmma::load_matrix_sync(a, xc + (64 * wt + 16 * i) * MM_LD + kk, MM_LD);
-#pragma unroll
-                    for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], a, b[j], acc[i][j]);
-                }
-            }
+            mm_multiply_step(acc, xs + cur * MM_TT * MM_LD, ws + cur * MM_TN * MM_LD, wt, wn);
             if (step + 1 < k1) stash(step + 1, 1 - cur);
             __syncthreads();
         }
-        // epilogue: each fragment goes through a 16x16 fp32 patch of shared memory (the X tiles are
-        // free now), then every lane writes 8 of its values: the whole tile to y with the row
-        // scale, bias and accumulation; a piece to its slot of part with the row scale
-        float *patch = (float *)xs + warp * 256;
-        int whole = k0 == 0 && k1 == n_steps;
+        // the X tiles are free now: each warp's fp32 patch for the epilogue
         float *slot = part + ((size_t)blockIdx.x * 2 + (k0 > 0 ? 0 : 1)) * MM_SLOT;
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                wmma::store_matrix_sync(patch, acc[i][j], 16, wmma::mem_row_major);
-                __syncwarp();
-                for (int e = lane; e < 256; e += WARP) {
-                    // in the tile
-                    int lt = 64 * wt + 16 * i + e / 16, ln = 32 * wn + 16 * j + e % 16;
-                    int tt = t0 + lt, nn = n0 + ln;
-                    if (tt < T && nn < n_out) {
-                        float v = patch[e] * x.s[tt];
-                        if (!whole) {
-                            slot[lt * MM_TN + ln] = v;
-                        } else {
-                            float *dst = y + (size_t)tt * ldy + nn;
-                            *dst = (accumulate ? *dst : 0.0f) + v + (bias ? bias[nn] : 0.0f);
-                        }
-                    }
-                }
-                __syncwarp();
-            }
+        mm_store_piece(acc, (float *)xs + warp * 256, k0 == 0 && k1 == n_steps, slot, y, ldy, x.s,
+                       bias, t0, n0, wt, wn, T, n_out, accumulate);
         __syncthreads(); // the patches and the next piece's first stash share buffer 0
     }
 }
@@ -4477,109 +4500,100 @@ static size_t pa_smem(int hd) {
     return (size_t)(PA_TQ + 2 * tk) * (hd + 8) * 2 + (size_t)PA_TQ * (tk + 4) * 4 +
            (size_t)PA_TQ * (tk + 8) * 2 + 2 * PA_TQ * 4;
 }
-// The kernel (above). C twin: attention_prefill_c per query.
-__global__ void __launch_bounds__(PA_THREADS)
-attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
-                         const __half *kc,  // (n_ctx, n_kv, hd) this layer's caches
-                         const __half *vc,
-                         ActH out,          // (T, n_head*hd)
-                         const float *gate, // qwen35: row t, head h at t*gate_row + h*2*hd; or NULL
-                         int gate_row, int pos0, int T, int n_head, int n_kv, int hd) {
-    using namespace nvcuda;
-    extern __shared__ __align__(32) uint8_t pa_sm[];
-    int tk = pa_tk(hd), ld = hd + 8, lds = tk + 4, ldp = tk + 8;
-    // (PA_TQ | tk | tk, ld)
-    __half *Qs = (__half *)pa_sm, *Ks = Qs + PA_TQ * ld, *Vs = Ks + tk * ld;
-    float *Ss = (float *)(Vs + tk * ld);                                     // (PA_TQ, lds)
-    __half *Ps = (__half *)(Ss + PA_TQ * lds);                               // (PA_TQ, ldp)
-    float *ms = (float *)(Ps + PA_TQ * ldp), *ls = ms + PA_TQ;               // (PA_TQ) each
-    int h = blockIdx.y, j = h / (n_head / n_kv), tq0 = blockIdx.x * PA_TQ;
-    int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-    float scale = rsqrtf((float)hd);
-    for (int i = threadIdx.x; i < PA_TQ * hd; i += PA_THREADS) { // Q tile; rows past T are zeros
-        int r = i / hd, d = i % hd, t = tq0 + r;
-        Qs[r * ld + d] = __float2half(t < T ? q[((size_t)t * n_head + h) * hd + d] * scale : 0.0f);
+// The steps of one chunk of keys k0 .. k0 + tk - 1 (keys past last_key are zeros), on the shared
+// memory of pa_smem with the row strides ld = hd + 8 (Q, K, V), lds = tk + 4 (S), ldp = tk + 8 (P).
+
+// Stage the chunk's keys of kv head j in Ks, and in pass 1 its values in Vs, 16 bytes a thread.
+__device__ __forceinline__ void pa_load_chunk(__half *Ks, __half *Vs, const __half *kc,
+                                              const __half *vc, int pass, int k0, int last_key,
+                                              int j, int n_kv, int tk, int hd, int ld) {
+    for (int i = threadIdx.x; i < tk * hd / 8; i += PA_THREADS) {
+        int r = i / (hd / 8), c = i % (hd / 8), key = k0 + r;
+        uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+        if (key <= last_key) {
+            size_t src = ((size_t)key * n_kv + j) * hd + 8 * c;
+            kv = *(const uint4 *)(kc + src);
+            if (pass) vv = *(const uint4 *)(vc + src);
+        }
+        *(uint4 *)(Ks + r * ld + 8 * c) = kv;
+        if (pass) *(uint4 *)(Vs + r * ld + 8 * c) = vv;
     }
-    if (threadIdx.x < PA_TQ) { ms[threadIdx.x] = -INFINITY; ls[threadIdx.x] = 0.0f; }
-    int last_key = pos0 + min(tq0 + PA_TQ, T) - 1; // the block's last visible key
-    // the softmax rows: 4 threads per query row, tk/4 keys each
-    int sr = threadIdx.x / 4, sp = threadIdx.x % 4, st = tq0 + sr;
-    // PV: queries 16 qg.., dims dh*hd/2.. in nf tiles
-    int qg = warp % 4, dh = warp / 4, nf = hd / 32;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[8];
-#pragma unroll
-    for (int f = 0; f < 8; f++) wmma::fill_fragment(o[f], 0.0f);
-    for (int pass = 0; pass < 2; pass++) {
-        for (int k0 = 0; k0 <= last_key; k0 += tk) {
-            __syncthreads(); // the previous chunk is consumed (the first time: Q, m, l are written)
-            // K (and V) chunk, 16 bytes each
-            for (int i = threadIdx.x; i < tk * hd / 8; i += PA_THREADS) {
-                int r = i / (hd / 8), c = i % (hd / 8), key = k0 + r;
-                uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-                if (key <= last_key) {
-                    size_t src = ((size_t)key * n_kv + j) * hd + 8 * c;
-                    kv = *(const uint4 *)(kc + src);
-                    if (pass) vv = *(const uint4 *)(vc + src);
-                }
-                *(uint4 *)(Ks + r * ld + 8 * c) = kv;
-                if (pass) *(uint4 *)(Vs + r * ld + 8 * c) = vv;
-            }
-            __syncthreads();
-            for (int tile = warp; tile < 4 * (tk / 16); tile += PA_THREADS / WARP) { // S = Q K^T
-                int g = tile / (tk / 16), kt = tile % (tk / 16);
-                wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
-                wmma::fill_fragment(s, 0.0f);
-                for (int d = 0; d < hd; d += 16) {
-                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-                    wmma::load_matrix_sync(a, Qs + 16 * g * ld + d, ld);
-                    wmma::load_matrix_sync(b, Ks + 16 * kt * ld + d, ld);
-                    wmma::mma_sync(s, a, b, s);
-                }
-                wmma::store_matrix_sync(Ss + 16 * g * lds + 16 * kt, s, lds, wmma::mem_row_major);
-            }
-            __syncthreads();
-            // softmax rows: pass 0 the running maximum, pass 1 P and its sum (in pass 0 only the
-            // row's first thread needs m, and it writes ms[sr] below: the row's other threads leave
-            // it alone)
-            float mx = -INFINITY, sum = 0.0f, m = pass || sp == 0 ? ms[sr] : 0.0f;
-            for (int c = sp; c < tk; c += 4) {
-                int key = k0 + c;
-                int visible = st < T && key <= pos0 + st;
-                float s = Ss[sr * lds + c];
-                if (pass == 0) {
-                    if (visible) mx = fmaxf(mx, s);
-                } else {
-                    __half p = __float2half(visible ? __expf(s - m) : 0.0f);
-                    Ps[sr * ldp + c] = p;
-                    sum += __half2float(p);
-                }
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            if (sp == 0) {
-                if (pass == 0) ms[sr] = fmaxf(m, mx);
-                else ls[sr] += sum;
-            }
-            if (pass == 0) continue;
-            __syncthreads();
-            for (int ks = 0; ks < tk; ks += 16) { // O += P V
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                wmma::load_matrix_sync(a, Ps + 16 * qg * ldp + ks, ldp);
-#pragma unroll
-                for (int f = 0; f < 8; f++) {
-                    if (f >= nf) break;
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
-                    wmma::load_matrix_sync(b, Vs + ks * ld + dh * hd / 2 + 16 * f, ld);
-                    wmma::mma_sync(o[f], a, b, o[f]);
-                }
-            }
+}
+
+// S = Q K^T: 4 groups of 16 queries x tk/16 tiles of 16 keys, one 16x16 tile per warp at a time.
+__device__ __forceinline__ void pa_scores(float *Ss, const __half *Qs, const __half *Ks, int tk,
+                                          int hd, int ld, int lds) {
+    for (int tile = threadIdx.x / WARP; tile < 4 * (tk / 16); tile += PA_THREADS / WARP) {
+        int g = tile / (tk / 16), kt = tile % (tk / 16);
+        FragAcc s;
+        wmma::fill_fragment(s, 0.0f);
+        for (int d = 0; d < hd; d += 16) {
+            FragA a;
+            FragB<wmma::col_major> b;
+            wmma::load_matrix_sync(a, Qs + 16 * g * ld + d, ld);
+            wmma::load_matrix_sync(b, Ks + 16 * kt * ld + d, ld);
+            wmma::mma_sync(s, a, b, s);
+        }
+        wmma::store_matrix_sync(Ss + 16 * g * lds + 16 * kt, s, lds, wmma::mem_row_major);
+    }
+}
+
+// The softmax over the chunk, 4 threads per query row sr (sp = which of the 4: keys sp, sp + 4,
+// ...); query st = tq0 + sr sees keys up to pos0 + st. Pass 0: the row's running maximum into
+// ms[sr]. Pass 1: P = fp16(exp(S - m)) into Ps (0 where the key is not visible) and l += sum P into
+// ls[sr]. (In pass 0 only the row's first thread needs m, and it writes ms[sr]: the row's other
+// threads leave it alone.)
+__device__ __forceinline__ void pa_softmax_chunk(__half *Ps, float *ms, float *ls,
+                                                 const float *Ss, int pass, int sr, int sp, int st,
+                                                 int k0, int pos0, int T, int tk, int lds,
+                                                 int ldp) {
+    float mx = -INFINITY, sum = 0.0f, m = pass || sp == 0 ? ms[sr] : 0.0f;
+    for (int c = sp; c < tk; c += 4) {
+        int key = k0 + c;
+        int visible = st < T && key <= pos0 + st;
+        float s = Ss[sr * lds + c];
+        if (pass == 0) {
+            if (visible) mx = fmaxf(mx, s);
+        } else {
+            __half p = __float2half(visible ? __expf(s - m) : 0.0f);
+            Ps[sr * ldp + c] = p;
+            sum += __half2float(p);
         }
     }
-    __syncthreads(); // S is free: each warp's 16x16 patch for the epilogue
-    float *patch = Ss + warp * 256;
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (sp == 0) {
+        if (pass == 0) ms[sr] = fmaxf(m, mx);
+        else ls[sr] += sum;
+    }
+}
+
+// O += P V: this warp's queries 16 qg .. and dims dh * hd/2 .., nf fragments of 16 dims.
+__device__ __forceinline__ void pa_accumulate_pv(FragAcc (&o)[8], const __half *Ps,
+                                                 const __half *Vs, int qg, int dh, int nf, int tk,
+                                                 int hd, int ld, int ldp) {
+    for (int ks = 0; ks < tk; ks += 16) {
+        FragA a;
+        wmma::load_matrix_sync(a, Ps + 16 * qg * ldp + ks, ldp);
+#pragma unroll
+        for (int f = 0; f < 8; f++) {
+            if (f >= nf) break;
+            FragB<wmma::row_major> b;
+            wmma::load_matrix_sync(b, Vs + ks * ld + dh * hd / 2 + 16 * f, ld);
+            wmma::mma_sync(o[f], a, b, o[f]);
+        }
+    }
+}
+
+// out = O / l, times sigmoid(gate) for qwen35: each fragment through the warp's 16x16 fp32 patch of
+// shared memory, then to the fp16 row (and the fp32 row when out.f is set).
+__device__ __forceinline__ void pa_store_output(ActH out, float *patch, const FragAcc (&o)[8],
+                                                const float *ls, const float *gate, int gate_row,
+                                                int h, int tq0, int qg, int dh, int nf, int T,
+                                                int hd) {
+    int lane = threadIdx.x % WARP;
 #pragma unroll
     for (int f = 0; f < 8; f++) {
         if (f >= nf) break;
@@ -4595,6 +4609,54 @@ attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
         }
         __syncwarp();
     }
+}
+
+// The kernel (above): the Q tile, then for each pass and chunk the steps above, then the output.
+// Block (query tile, head h). C twin: attention_prefill_c per query.
+__global__ void __launch_bounds__(PA_THREADS)
+attention_prefill_kernel(const float *q,    // (T, n_head, hd) roped
+                         const __half *kc,  // (n_ctx, n_kv, hd) this layer's caches
+                         const __half *vc,
+                         ActH out,          // (T, n_head*hd)
+                         const float *gate, // qwen35: row t, head h at t*gate_row + h*2*hd; or NULL
+                         int gate_row, int pos0, int T, int n_head, int n_kv, int hd) {
+    extern __shared__ __align__(32) uint8_t pa_sm[];
+    int tk = pa_tk(hd), ld = hd + 8, lds = tk + 4, ldp = tk + 8;
+    __half *Qs = (__half *)pa_sm, *Ks = Qs + PA_TQ * ld, *Vs = Ks + tk * ld; // (PA_TQ|tk|tk, ld)
+    float *Ss = (float *)(Vs + tk * ld);                                     // (PA_TQ, lds)
+    __half *Ps = (__half *)(Ss + PA_TQ * lds);                               // (PA_TQ, ldp)
+    float *ms = (float *)(Ps + PA_TQ * ldp), *ls = ms + PA_TQ;               // (PA_TQ) each
+    int h = blockIdx.y, j = h / (n_head / n_kv), tq0 = blockIdx.x * PA_TQ;
+    int warp = threadIdx.x / WARP;
+    float scale = rsqrtf((float)hd);
+    for (int i = threadIdx.x; i < PA_TQ * hd; i += PA_THREADS) { // Q tile; rows past T are zeros
+        int r = i / hd, d = i % hd, t = tq0 + r;
+        Qs[r * ld + d] = __float2half(t < T ? q[((size_t)t * n_head + h) * hd + d] * scale : 0.0f);
+    }
+    if (threadIdx.x < PA_TQ) { ms[threadIdx.x] = -INFINITY; ls[threadIdx.x] = 0.0f; }
+    int last_key = pos0 + min(tq0 + PA_TQ, T) - 1; // the block's last visible key
+    // the softmax rows: 4 threads per query row, tk/4 keys each
+    int sr = threadIdx.x / 4, sp = threadIdx.x % 4, st = tq0 + sr;
+    // PV: queries 16 qg.., dims dh*hd/2.. in nf tiles
+    int qg = warp % 4, dh = warp / 4, nf = hd / 32;
+    FragAcc o[8];
+#pragma unroll
+    for (int f = 0; f < 8; f++) wmma::fill_fragment(o[f], 0.0f);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int k0 = 0; k0 <= last_key; k0 += tk) {
+            __syncthreads(); // the previous chunk is consumed (the first time: Q, m, l are written)
+            pa_load_chunk(Ks, Vs, kc, vc, pass, k0, last_key, j, n_kv, tk, hd, ld);
+            __syncthreads();
+            pa_scores(Ss, Qs, Ks, tk, hd, ld, lds);
+            __syncthreads();
+            pa_softmax_chunk(Ps, ms, ls, Ss, pass, sr, sp, st, k0, pos0, T, tk, lds, ldp);
+            if (pass == 0) continue;
+            __syncthreads();
+            pa_accumulate_pv(o, Ps, Vs, qg, dh, nf, tk, hd, ld, ldp);
+        }
+    }
+    __syncthreads(); // S is free: each warp's 16x16 patch for the epilogue
+    pa_store_output(out, Ss + warp * 256, o, ls, gate, gate_row, h, tq0, qg, dh, nf, T, hd);
     if (h == 0 && threadIdx.x < PA_TQ && tq0 + threadIdx.x < T) out.s[tq0 + threadIdx.x] = 1.0f;
 }
 
