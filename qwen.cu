@@ -70,6 +70,12 @@ static int g_stdout_midline = 0;
 // dump): die() deletes it, so that no file that looks valid is left behind.
 static const char *g_partial_file = NULL;
 
+// The exit of every failed run, once its message is printed: the partial file deleted, status 1.
+static void exit_failed(void) {
+    if (g_partial_file) unlink(g_partial_file);
+    exit(1);
+}
+
 // Every fatal error goes through here: one line naming what went wrong, optionally a "hint:" line
 // saying what the user can do about it, and a non-zero exit. No error path crashes.
 static void die(const char *fmt, ...) {
@@ -80,8 +86,7 @@ static void die(const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
-    if (g_partial_file) unlink(g_partial_file);
-    exit(1);
+    exit_failed();
 }
 
 #define CUDA_CHECK(call)                                                                           \
@@ -124,7 +129,8 @@ static double now_sec(void) {
 
 // IEEE half -> float. On the host with integer operations, so that the CPU path needs nothing from
 // CUDA; on the GPU, one instruction.   half: 1 sign bit, 5 exponent bits (bias 15), 10 mantissa
-__host__ __device__ static float fp16_to_f32(uint16_t h) {
+// bits
+__host__ __device__ __forceinline__ static float fp16_to_f32(uint16_t h) {
 #ifdef __CUDA_ARCH__
     return __half2float(__ushort_as_half(h));
 #else
@@ -827,11 +833,11 @@ __host__ __device__ __forceinline__ void dequant_unit(int type, const uint8_t *r
     }
     case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1: { // w = d * (q5 - 16), or d * q5 + m
         int has_m = type == GGML_TYPE_Q5_1;
-        const uint8_t *b = row + (size_t)u * (has_m ? sizeof(block_q5_1) : sizeof(block_q5_0));
-        const uint8_t *qh = b + (has_m ? 4 : 2), *qs = qh + 4;
+        const block_q5_0 *b0 = (const block_q5_0 *)row + u;
+        const block_q5_1 *b1 = (const block_q5_1 *)row + u;
+        const uint8_t *qh = has_m ? b1->qh : b0->qh, *qs = has_m ? b1->qs : b0->qs;
         uint32_t h = qh[0] | qh[1] << 8 | qh[2] << 16 | (uint32_t)qh[3] << 24; // bit j: element j
-        float d = fp16_to_f32((uint16_t)(b[0] | b[1] << 8));
-        float m = has_m ? fp16_to_f32((uint16_t)(b[2] | b[3] << 8)) : 0.0f;
+        float d = fp16_to_f32(has_m ? b1->d : b0->d), m = has_m ? fp16_to_f32(b1->m) : 0.0f;
         for (int j = 0; j < 32; j++) {
             int q5 = ((qs[j % 16] >> 4 * (j / 16)) & 0xf) | ((h >> j) & 1) << 4;
             w[j] = has_m ? d * q5 + m : d * (q5 - 16);
@@ -1226,8 +1232,7 @@ static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
         if (c->kind[l] == LAYER_DELTANET) {
             T(wqkv, "attn_qkv.weight", E, conv_dim, 1);
             T(wz, "attn_gate.weight", E, (int64_t)Hv * S, 1);
-            snprintf(name, sizeof name, "blk.%d.ssm_conv1d.weight", l);
-            L->conv1d = find_tensor(g, name, c->ssm_conv, conv_dim, 1);
+            T(conv1d, "ssm_conv1d.weight", c->ssm_conv, conv_dim, 1); // leaves its name in name
             if (L->conv1d.type != GGML_TYPE_F32)
                 die("tensor '%s' has type %s; expected F32", name, type_name(L->conv1d.type));
             VEC(dt_bias, "ssm_dt.bias", Hv, 1);
@@ -1418,7 +1423,7 @@ static void attention_any_c(float *out /* (n_head, hd) */, float *mag,
             double s = 0.0;
             if (fp16) {
                 for (int i = 0; i < hd; i++)
-                    s += (double)__half2float(__float2half(qh[i] * scale)) * kt[i];
+                    s += (double)f16r(qh[i] * scale) * kt[i];
                 att[t] = (float)s;
             } else {
                 for (int i = 0; i < hd; i++) s += (double)qh[i] * kt[i];
@@ -1429,7 +1434,7 @@ static void attention_any_c(float *out /* (n_head, hd) */, float *mag,
         double sum = 0.0;
         for (int t = 0; t <= pos; t++) {
             att[t] = expf(att[t] - mx);
-            if (fp16) att[t] = __half2float(__float2half(att[t]));
+            if (fp16) att[t] = f16r(att[t]);
             sum += att[t];
         }
         for (int i = 0; i < hd; i++) {
@@ -1676,7 +1681,6 @@ template <bool MAX> __device__ float block_reduce(float v) {
 __device__ float block_sum(float v) { return block_reduce<false>(v); }
 __device__ float block_max(float v) { return block_reduce<true>(v); }
 
-__device__ __forceinline__ float h2f(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
 // SiLU(x) = x * sigmoid(x) = x / (1 + e^-x), with the fast exponential (C twin: silu_c, expf).
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
@@ -2091,7 +2095,7 @@ __device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_0>(const uint8_t *W, unsig
 template <>
 __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_0>(const WSub &w, int, const XBlock &x,
                                                          const Iq4Lut &) {
-    float d = __half2float(__ushort_as_half((unsigned short)w.e));
+    float d = fp16_to_f32((uint16_t)w.e);
     const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
 #pragma unroll
@@ -2154,7 +2158,7 @@ template <>
 __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const WSub &w, int ib, const XBlock &x,
                                                            const Iq4Lut &lut) {
     int ls = iq4_plane_ls((uint32_t)w.h.x, (uint32_t)w.h.y, ib);
-    float d = __half2float(__ushort_as_half((unsigned short)(w.h.x & 0xffff)));
+    float d = fp16_to_f32((uint16_t)(w.h.x & 0xffff));
     const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
 #pragma unroll
@@ -2219,7 +2223,7 @@ template <>
 __device__ __forceinline__ float sub_dot<GGML_TYPE_Q6_K>(const WSub &w, int, const XBlock &x,
                                                          const Iq4Lut &) {
     int sc0 = (int8_t)(w.h.z & 0xff), sc1 = (int8_t)((w.h.z >> 8) & 0xff);
-    float d = __half2float(__ushort_as_half((unsigned short)w.h.w));
+    float d = fp16_to_f32((uint16_t)w.h.w);
     const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
 #pragma unroll
@@ -3430,8 +3434,8 @@ __device__ void gdn_head_finish(float *y, int b, int Hk, int Hv, const float *be
 
 // Causal conv + SiLU of the q/k/v projections, L2 norm of each q and k head, and the gates of each
 // v head. Grid: 2*Hk + Hv blocks of S threads; block b holds channels [b*S, (b+1)*S) of
-// [q heads | k heads | v heads]. In place on mixed. C twins: gdn_conv_c, l2norm_c, and the gates in
-// deltanet_block_cpu.
+// [q heads | k heads | v heads]. In place on mixed. C twins: gdn_conv_c, l2norm_c; the gates are
+// gdn_gates, which the CPU path runs too.
 __global__ void
 gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: projections, out: conv output
                      const float *w,         // (conv_dim, 4) conv taps
@@ -3620,8 +3624,8 @@ __global__ void gdn_gated_norm_kernel(Act out, const float *o /* (Hv, S) */,
 // the Hv/Hk blocks that share hk, so none may overwrite it before all have read it: each block
 // counts itself in after its reads (count[hk]), and the last to arrive writes the new window at its
 // end and resets the count. No block waits for another, so any number of blocks may be resident.
-// Grid Hv, 1024 threads (S = 32 * NT, NT <= 4). C twins: gdn_conv_c, l2norm_c, the gates in
-// deltanet_block_cpu, gdn_step_c, gated_rmsnorm_c, quantize_block_c.
+// Grid Hv, 1024 threads (S = 32 * NT, NT <= 4). C twins: gdn_conv_c, l2norm_c, gdn_step_c,
+// gated_rmsnorm_c, quantize_block_c; the gates are gdn_gates, which the CPU path runs too.
 #define GDN_TOKEN_THREADS 1024
 template <int NT>
 __global__ void __launch_bounds__(GDN_TOKEN_THREADS)
@@ -3636,7 +3640,8 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
                  const float *ssm_a,     // (Hv)
                  const float *nw,        // (S) the gated norm's weight
                  Act out,                // (Hv, S) out: the out-projection's input
-                 int *count,             // (Hk) blocks done reading head hk's conv state; 0 between
+                 int *count,             // (Hk) blocks done reading head hk's conv state (0
+                                         // between launches)
                  int Hk, int Hv, float eps) {
     constexpr int S = 32 * NT, R = NT, C = NT; // R rows per warp, C columns per lane
     __shared__ float qs[S], ks[S], vs[S], os[S]; // (S) this head's q, k, v and output
@@ -3933,7 +3938,7 @@ __device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, int, 
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_IQ4_XS>(const WRaw &r, __half *out) {
     int sub = (int)r.e.z;
     int ls = iq4_plane_ls(r.e.x, r.e.y, sub);
-    __half2 dl = __float2half2_rn(h2f((uint16_t)r.e.x) * (float)(ls - 32)),
+    __half2 dl = __float2half2_rn(fp16_to_f32((uint16_t)r.e.x) * (float)(ls - 32)),
             off = __float2half2_rn(1024.0f + 128.0f);
     const int *qw = (const int *)&r.q;
 #pragma unroll
@@ -3955,8 +3960,8 @@ __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, int, in
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
     r.e = make_uint4(__ldg((const uint32_t *)(W + 16 * NB) + g),
-                     __float_as_uint(h2f((uint16_t)h.x) * sc),
-                     __float_as_uint(h2f((uint16_t)(h.x >> 16)) * m), 0);
+                     __float_as_uint(fp16_to_f32((uint16_t)h.x) * sc),
+                     __float_as_uint(fp16_to_f32((uint16_t)(h.x >> 16)) * m), 0);
     return r;
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_K>(const WRaw &r, __half *out) {
@@ -3993,7 +3998,7 @@ __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t *W, int, in
     int sub = (int)(g % 8);
     uint2 hi = __ldg((const uint2 *)(W + 16 * NB) + g);
     const int8_t *sc = (const int8_t *)(W + 24 * NB + 16 * (g / 8) + 2 * sub);
-    float d = h2f(__ldg((const uint16_t *)(W + 26 * NB) + g / 8));
+    float d = fp16_to_f32(__ldg((const uint16_t *)(W + 26 * NB) + g / 8));
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
     r.e = make_uint4(hi.x, hi.y, __float_as_uint(d * __ldg(sc)),
@@ -4268,10 +4273,7 @@ static int is_float_weight(int type) {
 //   IQ4_XS: fp16(fp16(d * (ls - 32)) * kvalue)   Q6_K: fp16(fp16(d * sc) * (q - 32))
 static void mm_weight_row(int type, const uint8_t *src /* one row, row_bytes(type, n_in) */,
                           float *w /* (n_in) */, int n_in) {
-    if (type == GGML_TYPE_IQ4_XS || type == GGML_TYPE_Q6_K)
-        for (int u = 0; u < n_in / 32; u++) dequant_unit(type, src, u, w + 32 * u, n_in, 1);
-    else
-        dequant_row(type, src, w, n_in);
+    for (int u = 0; u < n_in / 32; u++) dequant_unit(type, src, u, w + 32 * u, n_in, 1);
     for (int i = 0; i < n_in; i++) w[i] = f16r(w[i]);
 }
 
@@ -4315,7 +4317,7 @@ template <> __device__ __forceinline__ float wf<GGML_TYPE_F32>(const uint8_t *W,
     return ((const float *)W)[i];
 }
 template <> __device__ __forceinline__ float wf<GGML_TYPE_F16>(const uint8_t *W, size_t i) {
-    return h2f(((const uint16_t *)W)[i]);
+    return fp16_to_f32(((const uint16_t *)W)[i]);
 }
 template <> __device__ __forceinline__ float wf<GGML_TYPE_BF16>(const uint8_t *W, size_t i) {
     return __uint_as_float((uint32_t)((const uint16_t *)W)[i] << 16);
@@ -4698,8 +4700,8 @@ __global__ void gdn_conv_state_kernel(float *cs /* (3, conv_dim) */,
 }
 
 // After the conv: L2 norm of every q and k head and the gates of every v head, for all rows
-// (gdn_head_finish, shared with the one-token kernel). Grid (2*Hk + Hv, T), S threads. C twins:
-// l2norm_c and the gates in deltanet_block_cpu.
+// (gdn_head_finish, shared with the one-token kernel). Grid (2*Hk + Hv, T), S threads. C twin:
+// l2norm_c; the gates are gdn_gates, which the CPU path runs too.
 __global__ void gdn_l2norm_gates_rows_kernel(float *mixed,           // (T, conv_dim)
                                            const float *beta_raw,  // (T, Hv)
                                            const float *alpha_raw, // (T, Hv)
@@ -5895,13 +5897,15 @@ static void engine_init(Engine *e, Model *m, int use_gpu, int n_ctx) {
     e->m = m;
     e->use_gpu = use_gpu;
     if (use_gpu) {
+        if (!gpu_available())
+            die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
         Budget b;
         memset(&b, 0, sizeof b);
         budget_measure(&b, g_vram_limit); // creates the CUDA context first
         budget_compute(&b, m, n_ctx);
         if (!budget_fits(&b)) {
             budget_refusal(&b, m, n_ctx, g_vram_limit, stderr);
-            exit(1);
+            exit_failed();
         }
         if (g_verbose) budget_print(&b, m, n_ctx, g_vram_limit, stderr);
         gpu_state_init(&e->gpu, m, n_ctx);
@@ -5929,12 +5933,12 @@ static float *engine_forward(Engine *e, int token, int pos) {
     return e->cpu.logits;
 }
 
-// Every id of tokens[0..n) inside the vocabulary, or exit naming the first one outside it.
-static void check_tokens(const Config *c, const int *tokens, int n, const char *what) {
+// Every id of tokens[0..n) inside a vocabulary of n_vocab, or exit naming the first one outside it.
+static void check_tokens(int n_vocab, const int *tokens, int n, const char *what) {
     for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->n_vocab)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab)
             die("%s %d (id %d) is outside the vocabulary (0..%d)", what, i, tokens[i],
-                c->n_vocab - 1);
+                n_vocab - 1);
 }
 
 // The batched pass over a prompt on the GPU: tokens[0..n) from position pos in batches of up to -b
@@ -5970,7 +5974,7 @@ static void eval_rows(Engine *e, void *p, int i0, int r, int nr) {
 }
 static float *engine_eval(Engine *e, const int *tokens, int n, int pos, int first, LogitsFn each,
                           void *ctx) {
-    check_tokens(&e->m->c, tokens, n, "token");
+    check_tokens(e->m->c.n_vocab, tokens, n, "token");
     if (n < 1 || first > n - 1) die("engine_eval: %d tokens, logits from %d", n, first);
     if (!e->use_gpu || !e->gpu.n_batch || n == 1) {
         float *logits = NULL;
@@ -6479,7 +6483,7 @@ static void nll_rows(Engine *e, void *ctx, int i0, int r, int nr) {
 static void engine_nll(Engine *e, const int *tokens, const int *targets, int n, int first,
                        double *nll) {
     const Config *c = &e->m->c;
-    check_tokens(c, targets, n, "target token");
+    check_tokens(c->n_vocab, targets, n, "target token");
     NllCtx ctx = {targets, nll, first, c->n_vocab, NULL};
     if (!e->use_gpu || !e->gpu.n_batch || n == 1) {
         ctx.lp = (double *)xmalloc((size_t)c->n_vocab * sizeof(double));
@@ -6487,7 +6491,7 @@ static void engine_nll(Engine *e, const int *tokens, const int *targets, int n, 
         free(ctx.lp);
         return;
     }
-    check_tokens(c, tokens, n, "token");
+    check_tokens(c->n_vocab, tokens, n, "token");
     gpu_prompt_batches(e, tokens, n, 0, first, nll_rows, &ctx);
 }
 
@@ -6780,6 +6784,8 @@ static void parse_args(Args *a, int argc, char **argv) {
     if (a->chat && a->tokens_arg)
         die("--chat builds its prompt from text: use -p or -f, not --tokens");
     if (a->system_prompt && !a->chat) die("--system sets the chat's system turn: add --chat");
+    if (a->kld && !a->kld_base_path) die("--kl-divergence needs --kl-divergence-base FILE");
+    if (a->kld_base_path) a->ppl = 1; // the base file is written, or scored, by a perplexity run
     if (a->n_ctx <= 0) die("-c %d: the context length must be positive", a->n_ctx);
     if (a->n_batch <= 0) die("-b %d: the batch size must be positive", a->n_batch);
     if (a->n_predict < 0) die("-n %d: must be >= 0", a->n_predict);
@@ -6816,10 +6822,7 @@ static void parse_args(Args *a, int argc, char **argv) {
 static int mode_tokenize(const Args *a, const Tokenizer *tok, double t_load) {
     if (a->detok_arg) {
         int *ids, n = parse_ids("--detokenize", a->detok_arg, &ids);
-        for (int i = 0; i < n; i++)
-            if (ids[i] >= tok->n_vocab)
-                die("--detokenize: id %d is outside the vocabulary (0..%d)", ids[i],
-                    tok->n_vocab - 1);
+        check_tokens(tok->n_vocab, ids, n, "--detokenize: token");
         size_t len;
         char *text = tokenizer_decode(tok, ids, n, 1, &len);
         fwrite(text, 1, len, stdout);
@@ -6873,13 +6876,11 @@ static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const 
         if (n_chunk == 0)
             die("--perplexity: the text has %d tokens, fewer than one chunk of -c %d", n_tok,
                 n_ctx);
-        check_tokens(c, ptoks, n_chunk * n_ctx, "token");
+        check_tokens(c->n_vocab, ptoks, n_chunk * n_ctx, "token");
     }
     if (a->max_chunks > 0 && n_chunk > a->max_chunks) n_chunk = a->max_chunks;
     if (n_ctx > c->n_ctx_train)
         die("-c %d is above the model's training context %d", n_ctx, c->n_ctx_train);
-    if (!a->use_cpu && !gpu_available())
-        die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
     fprintf(stderr, "perplexity: %d chunks of %d tokens%s\n", n_chunk, n_ctx,
             a->kld ? ", scored against the base file" : "");
     FILE *out = NULL;
@@ -6985,8 +6986,6 @@ static void gen_init(Gen *g, const Args *a, Model *m, const Tokenizer *tok, int 
     if (n_prompt > a->n_ctx)
         die("the prompt has %d tokens but the context is %d: raise -c", n_prompt, a->n_ctx);
     memset(g, 0, sizeof *g);
-    if (!a->use_cpu && !gpu_available())
-        die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
     engine_init(&g->e, m, !a->use_cpu, a->n_ctx);
     sampler_init(&g->smp, m->c.n_vocab, a->temp, a->top_k, a->top_p, a->min_p,
                  (uint64_t)a->seed);
@@ -7033,7 +7032,7 @@ static int mode_generate(const Args *a, Model *m, const Tokenizer *tok) {
     if (a->tokens_arg) n = parse_ids("--tokens", a->tokens_arg, &ids);
     else if (a->prompt) n = tokenizer_encode(tok, a->prompt, a->prompt_len, a->parse_special, &ids);
     if (n == 0) die("empty prompt: give -p TEXT, -f FILE, --tokens IDS or --chat");
-    check_tokens(&m->c, ids, n, "prompt token");
+    check_tokens(m->c.n_vocab, ids, n, "prompt token");
     Gen g;
     gen_init(&g, a, m, tok, n);
     DumpCtx dump = {NULL, a->dump_path, m->c.n_vocab};
@@ -7165,8 +7164,6 @@ int main(int argc, char **argv) {
             if (!gpu_available()) die("--bench needs a CUDA GPU");
             run_bench(&m, a.n_ctx);
         } else {
-            if (a.kld && !a.kld_base_path) die("--kl-divergence needs --kl-divergence-base FILE");
-            if (a.kld_base_path) a.ppl = 1;
             if (!have_tok && (a.prompt || a.chat) && !a.ppl)
                 die("%s: %s (pass the prompt as ids with --tokens)", a.model_path, tok_err);
             if (!have_tok && !a.ppl)

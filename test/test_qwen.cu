@@ -1122,11 +1122,16 @@ static void test_models(int use_gpu) {
 // hooks in the engine, at least 15 % comment-only lines, every __global__ kernel's comment naming its
 // C twin (or why it has none), the README at most 300 lines, and every function its reading map
 // names defined in qwen.cu or tokenizer.c.
-static int defined_in(const char *src, const char *name) { // name( at the start of a word
+// Is name defined in src: "name(" as a whole word on a line that starts in column 0 with a
+// letter or '_' (the sources write every definition so; calls are indented, comments start '//').
+static int defined_in(const char *src, const char *name) {
     size_t n = strlen(name);
-    for (const char *p = strstr(src, name); p; p = strstr(p + 1, name))
-        if ((p == src || !(isalnum((unsigned char)p[-1]) || p[-1] == '_')) && p[n] == '(')
-            return 1;
+    for (const char *p = strstr(src, name); p; p = strstr(p + 1, name)) {
+        if ((p > src && (isalnum((unsigned char)p[-1]) || p[-1] == '_')) || p[n] != '(') continue;
+        const char *line = p;
+        while (line > src && line[-1] != '\n') line--;
+        if (isalpha((unsigned char)*line) || *line == '_') return 1;
+    }
     return 0;
 }
 static void test_source_form(void) {
@@ -1138,7 +1143,7 @@ static void test_source_form(void) {
         return;
     }
     // per line: columns, comment-only, and the kernels' comment blocks
-    int n_lines = 0, n_wide = 0, n_comment = 0, n_kernels = 0, n_untwinned = 0, widest = 0;
+    int n_lines = 0, n_wide = 0, n_comment = 0, n_kernels = 0, n_untwinned = 0;
     int block_twin = 0; // the comment block (with templates and #defines) above this line says twin
     for (char *line = src; *line;) {
         char *end = strchr(line, '\n');
@@ -1147,7 +1152,6 @@ static void test_source_form(void) {
         for (size_t i = 0; i < len; i++) cols += ((unsigned char)line[i] & 0xc0) != 0x80;
         n_lines++;
         if (cols > 100) n_wide++;
-        if (cols > widest) widest = cols;
         const char *t = line;
         while (t < line + len && (*t == ' ' || *t == '\t')) t++;
         int comment = t + 1 < line + len && t[0] == '/' && t[1] == '/';
@@ -1164,8 +1168,8 @@ static void test_source_form(void) {
             line[len] = 0;
             if (strstr(line, "twin")) block_twin = 1;
             line[len] = save;
-        } else if (len && strncmp(line, "template", 8) && strncmp(line, "#define", 7)) {
-            block_twin = 0;
+        } else if (!len || (strncmp(line, "template", 8) && strncmp(line, "#define", 7))) {
+            block_twin = 0; // a blank line or code ends the comment block
         }
         line += len + (end ? 1 : 0);
     }
@@ -1176,8 +1180,10 @@ static void test_source_form(void) {
     report(n_comment >= 0.15 * n_lines, name, (double)n_comment / n_lines, 0.15);
     const char *banned[] = {"getenv", "PROF(", "KERNEL_MARK", "KERNEL_TRACE"};
     int n_banned = 0;
-    for (int i = 0; i < 4; i++) n_banned += strstr(src, banned[i]) != NULL;
-    report(n_banned == 0, "source form: no getenv, PROF(, KERNEL_MARK in qwen.cu", n_banned, 0);
+    for (size_t i = 0; i < sizeof banned / sizeof *banned; i++)
+        n_banned += strstr(src, banned[i]) != NULL;
+    report(n_banned == 0, "source form: no getenv, PROF(, KERNEL_MARK, KERNEL_TRACE in qwen.cu",
+           n_banned, 0);
     snprintf(name, sizeof name, "source form: all %d __global__ kernels name their C twin", n_kernels);
     report(n_kernels > 20 && n_untwinned == 0, name, n_untwinned, 0);
     int readme_lines = 0;
@@ -1391,6 +1397,7 @@ static void test_cli(void) {
         {"no model", "--cpu --tokens 1", "no model"},
         {"unknown option", M "--bogus", "unknown option"},
         {"token outside vocabulary", M "--cpu --tokens 1,99999", "outside the vocabulary"},
+        {"--detokenize id outside vocabulary", M "--detokenize 1,99999", "--detokenize: token 1 (id 99999) is outside"},
         {"prompt one token longer than the context", M "--cpu -c 4 --tokens 1,2,3,4,5", "raise -c"},
         {"not a GGUF file", "-m TEXTFILE --cpu --tokens 1", "not a GGUF file"},
         {"top-p 0", M "--cpu --tokens 1 --top-p 0", "must be in (0, 1]"},
@@ -2984,7 +2991,7 @@ static void test_gpu_deltanet(void) {
         snprintf(n4, sizeof n4, "gpu gdn_token (S=%d, Hk=%d, Hv=%d, %d steps) vs gdn_conv_c, l2norm_c, gdn_step_c, gated_rmsnorm_c: "
                  "outputs, 16-bit copy, state, conv state, counters", S, Hk, Hv, steps);
         snprintf(n2, sizeof n2, "gpu gdn_step (S=%d, %d steps) vs gdn_step_c: outputs and state", S, steps);
-        snprintf(n3, sizeof n3, "gpu gdn_norm_gate (S=%d) vs gated_rmsnorm_c + quantize_block_c", S);
+        snprintf(n3, sizeof n3, "gpu gdn_gated_norm (S=%d) vs gated_rmsnorm_c + quantize_block_c", S);
         if (!HAVE_GPU) { skip(n1, "no GPU"); skip(n2, "no GPU"); skip(n3, "no GPU"); skip(n4, "no GPU"); continue; }
         float *w = (float *)xmalloc(conv_dim * 16), *cs = (float *)xcalloc(3 * conv_dim, 4), *mixed = (float *)xmalloc(conv_dim * 4);
         float *y = (float *)xmalloc(conv_dim * 4), *got = (float *)xmalloc(conv_dim * 4);
@@ -3084,7 +3091,7 @@ static void test_gpu_deltanet(void) {
 }
 
 // =================================================================================================
-// Prefill kernels (section 6b) against their C twins
+// Prefill kernels (section 8) against their C twins
 // =================================================================================================
 
 // fp16 input rows as the engine makes them: per-row power-of-two scale, X = fp16(x / s)
