@@ -53,11 +53,20 @@ SUFFIX ?=
 
 all: qwen$(SUFFIX)
 
-qwen$(SUFFIX): qwen.cu tokenizer.c unicode_tables.h
+# The compiler and flags of the last build, in a file: a build with another NVCC or ARCH rebuilds
+# everything (without it, `make ARCH=sm_70` after `make` would find ./qwen up to date). The file
+# is rewritten only when they change, so an unchanged build stays up to date.
+BUILD_FLAGS := $(NVCC) $(NVFLAGS)
+.build-flags$(SUFFIX): FORCE
+	@echo '$(BUILD_FLAGS)' | cmp -s - $@ || echo '$(BUILD_FLAGS)' > $@
+FORCE:
+
+qwen$(SUFFIX): qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ qwen.cu $(LDLIBS)
 
 # the tests #include qwen.cu with TESTING defined (no main of its own)
-test/test_qwen$(SUFFIX): test/test_qwen.cu test/gguf_write.h qwen.cu tokenizer.c unicode_tables.h
+test/test_qwen$(SUFFIX): test/test_qwen.cu test/gguf_write.h qwen.cu tokenizer.c unicode_tables.h \
+		.build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 
 test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
@@ -65,21 +74,22 @@ test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
 
 clean:
 	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/bench test/bench-sm70 \
-		qwen-san test/test_qwen-san test/fuzz_mutate
+		qwen-san test/test_qwen-san test/fuzz_mutate .build-flags .build-flags-sm70
 
-.PHONY: all test clean bench bench-tokenizer unicode-check sanitize fuzz
+.PHONY: all test clean bench bench-tokenizer unicode-check sanitize fuzz FORCE
 
 # synthetic full-size models for benchmarks: test/gen_model --model qwen2.5-32b --ftype iq4_xs -o F.gguf
-test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
+test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c .build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/gen_model.cu $(LDLIBS) -lpthread
 
 # the floor of a decode token's chain of steps with ideal kernels (GPU only): test/step_floor [shape]
-test/step_floor: test/step_floor.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h
+test/step_floor: test/step_floor.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h .build-flags
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/step_floor.cu
 
 # the measurements behind the engine's choices (GPU only): per-kernel tables, mat-vec kinds, size
 # sweeps. make bench builds test/bench; make bench MODEL=model.gguf also runs it
-test/bench$(SUFFIX): test/bench.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h
+test/bench$(SUFFIX): test/bench.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h \
+		.build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/bench.cu
 bench: test/bench$(SUFFIX)
 	@if [ -n "$(MODEL)" ]; then ./test/bench$(SUFFIX) -m $(MODEL); fi

@@ -45,6 +45,7 @@
 #include <limits.h>
 #include <math.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,8 +68,9 @@
 // error then starts on a line of its own.
 static int g_stdout_midline = 0;
 // A file being written that an error would leave incomplete (a KL-divergence base file, a logits
-// dump): die() deletes it, so that no file that looks valid is left behind.
-static const char *g_partial_file = NULL;
+// dump): die() and the signals that end a run delete it, so that no file that looks valid is left
+// behind. (volatile: the signal handler reads it.)
+static const char *volatile g_partial_file = NULL;
 
 // The exit of every failed run, once its message is printed: the partial file deleted, status 1.
 static void exit_failed(void) {
@@ -89,6 +91,20 @@ static void die(const char *fmt, ...) {
     exit_failed();
 }
 
+// Ctrl-C, a kill, a closed terminal or pipe, the file-size limit: the run ends as die() ends it,
+// the partial file deleted, then with the signal's own status through its default action.
+// (unlink, signal and raise may be called in a signal handler; stdio may not.)
+static void on_fatal_signal(int sig) {
+    const char *partial = g_partial_file;
+    if (partial) unlink(partial);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+static void catch_fatal_signals(void) {
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], on_fatal_signal);
+}
+
 #define CUDA_CHECK(call)                                                                           \
     do {                                                                                           \
         cudaError_t err_ = (call);                                                                 \
@@ -105,15 +121,24 @@ static void kernel_check(const char *file, int line) {
 }
 #define KERNEL_CHECK() kernel_check(__FILE__, __LINE__)
 
-// malloc and calloc that never return NULL: running out of host memory is a fatal error.
-static void *xmalloc(size_t n) {
+// malloc, calloc and realloc that never return NULL: running out of host memory is a fatal error
+// that says what the memory was for (`what`, e.g. "the -f file", with the flag that sizes it).
+static void die_out_of_memory(double bytes, const char *what) {
+    die("out of host memory: %s needs %.1f MB", what, bytes / 1e6);
+}
+static void *xmalloc(size_t n, const char *what) {
     void *p = malloc(n ? n : 1);
-    if (!p) die("out of host memory (asked for %zu bytes)", n);
+    if (!p) die_out_of_memory((double)n, what);
     return p;
 }
-static void *xcalloc(size_t n, size_t size) {
+static void *xcalloc(size_t n, size_t size, const char *what) {
     void *p = calloc(n ? n : 1, size ? size : 1);
-    if (!p) die("out of host memory (asked for %zu x %zu bytes)", n, size);
+    if (!p) die_out_of_memory((double)n * size, what);
+    return p;
+}
+static void *xrealloc(void *old, size_t n, const char *what) {
+    void *p = realloc(old, n ? n : 1);
+    if (!p) die_out_of_memory((double)n, what);
     return p;
 }
 
@@ -322,14 +347,14 @@ static const char *type_name(int type) {
 // The metadata: n_kv x {key, type, value}. The keys are copied (NUL-terminated); the values stay in
 // the map, each bounded here so that the typed getters below can read them without checks.
 static void parse_kvs(GGUF *g, Cursor *c, int64_t n_kv) {
-    g->kv = (GGUFKV *)xcalloc((size_t)n_kv, sizeof(GGUFKV));
+    g->kv = (GGUFKV *)xcalloc((size_t)n_kv, sizeof(GGUFKV), "the GGUF metadata table");
     g->alignment = 32;
     for (int64_t i = 0; i < n_kv; i++) {
         GGUFKV *kv = &g->kv[i];
         uint64_t klen;
         const uint8_t *k = rd_str(c, &klen, "metadata key");
         if (klen == 0) gguf_fail(g, "metadata key #%lld is empty", (long long)i);
-        kv->key = (char *)xmalloc(klen + 1);
+        kv->key = (char *)xmalloc(klen + 1, "a GGUF metadata key");
         memcpy(kv->key, k, klen);
         kv->key[klen] = 0;
         g->n_kv = i + 1; // from here on gguf_close frees this key
@@ -384,7 +409,7 @@ static void parse_kvs(GGUF *g, Cursor *c, int64_t n_kv) {
     }
 
     char dup[128];
-    const char **names = (const char **)xmalloc((size_t)n_kv * sizeof *names);
+    const char **names = (const char **)xmalloc((size_t)n_kv * sizeof *names, "the GGUF key check");
     for (int64_t i = 0; i < n_kv; i++) names[i] = g->kv[i].key;
     if (find_duplicate(names, n_kv, dup, sizeof dup))
         gguf_fail(g, "duplicate metadata key '%s'", dup);
@@ -393,7 +418,8 @@ static void parse_kvs(GGUF *g, Cursor *c, int64_t n_kv) {
 // The tensor infos: n_tensors x {name, dims, type, offset}. Each shape is checked here (positive,
 // int32 dims, a whole number of blocks per row, no overflow) and its byte size computed.
 static void parse_tensor_infos(GGUF *g, Cursor *c, int64_t n_tensors) {
-    g->tensors = (GGUFTensor *)xcalloc((size_t)n_tensors, sizeof(GGUFTensor));
+    g->tensors = (GGUFTensor *)xcalloc((size_t)n_tensors, sizeof(GGUFTensor),
+                                       "the GGUF tensor table");
     g->n_tensors = n_tensors;
     for (int64_t i = 0; i < n_tensors; i++) {
         GGUFTensor *t = &g->tensors[i];
@@ -442,7 +468,8 @@ static void parse_tensor_infos(GGUF *g, Cursor *c, int64_t n_tensors) {
         t->offset = rd_u64(c, t->name);
     }
     char dup[128];
-    const char **names = (const char **)xmalloc((size_t)n_tensors * sizeof *names);
+    const char **names = (const char **)xmalloc((size_t)n_tensors * sizeof *names,
+                                                "the GGUF tensor-name check");
     for (int64_t i = 0; i < n_tensors; i++) names[i] = g->tensors[i].name;
     if (find_duplicate(names, n_tensors, dup, sizeof dup))
         gguf_fail(g, "duplicate tensor name '%s'", dup);
@@ -544,14 +571,18 @@ static void gguf_close(GGUF *g) {
 // Map a file read-only and parse it. On error: message in g->err, returns -1 (nothing left open).
 static int gguf_open(GGUF *g, const char *path) {
     memset(g, 0, sizeof *g);
-    g->fd = open(path, O_RDONLY);
+    // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, for ever; the
+    // check that follows refuses it (and a directory or a device) at once.
+    g->fd = open(path, O_RDONLY | O_NONBLOCK);
     if (g->fd < 0) {
         snprintf(g->err, sizeof g->err, "cannot open '%s': %s", path, strerror(errno));
         return -1;
     }
     struct stat st;
+    memset(&st, 0, sizeof st);
     if (fstat(g->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        snprintf(g->err, sizeof g->err, "'%s' is not a regular file", path);
+        snprintf(g->err, sizeof g->err, "'%s' %s", path,
+                 S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
         close(g->fd);
         g->fd = -1;
         return -1;
@@ -1323,27 +1354,30 @@ static void cpu_state_init(CpuState *s, const Config *c, int n_ctx) {
     if (qdim > max_in) max_in = qdim;
     if (vdim > max_in) max_in = vdim;
     s->n_ctx = n_ctx;
-    s->x = (float *)xcalloc(c->n_embd, 4);
-    s->xb = (float *)xcalloc(c->n_embd, 4);
-    s->q = (float *)xcalloc(qdim, 4);
-    s->qg = (float *)xcalloc(2 * qdim, 4);
-    s->k = (float *)xcalloc(kvdim, 4);
-    s->v = (float *)xcalloc(kvdim, 4);
-    s->att_out = (float *)xcalloc(qdim, 4);
-    s->att = (float *)xcalloc(n_ctx, 4);
-    s->hb = (float *)xcalloc(c->n_ff, 4);
-    s->hb2 = (float *)xcalloc(c->n_ff, 4);
-    s->logits = (float *)xcalloc(c->n_vocab, 4);
-    s->row = (float *)xcalloc(max_in, 4);
-    s->key_cache = (float *)xcalloc((size_t)c->n_kv_layers * n_ctx * kvdim, 4);
-    s->value_cache = (float *)xcalloc((size_t)c->n_kv_layers * n_ctx * kvdim, 4);
-    s->mixed = (float *)xcalloc(conv_dim, 4);
-    s->z = (float *)xcalloc(vdim, 4);
-    s->beta = (float *)xcalloc(c->ssm_v_heads, 4);
-    s->alpha = (float *)xcalloc(c->ssm_v_heads, 4);
-    s->gdn_out = (float *)xcalloc(vdim, 4);
-    s->conv_state = (float *)xcalloc((size_t)c->n_gdn_layers * 3 * conv_dim, 4);
-    s->ssm_state = (float *)xcalloc((size_t)c->n_gdn_layers * c->ssm_v_heads * S * S, 4);
+    const char *buf = "the --cpu path's buffers";
+    s->x = (float *)xcalloc(c->n_embd, 4, buf);
+    s->xb = (float *)xcalloc(c->n_embd, 4, buf);
+    s->q = (float *)xcalloc(qdim, 4, buf);
+    s->qg = (float *)xcalloc(2 * qdim, 4, buf);
+    s->k = (float *)xcalloc(kvdim, 4, buf);
+    s->v = (float *)xcalloc(kvdim, 4, buf);
+    s->att_out = (float *)xcalloc(qdim, 4, buf);
+    s->att = (float *)xcalloc(n_ctx, 4, buf);
+    s->hb = (float *)xcalloc(c->n_ff, 4, buf);
+    s->hb2 = (float *)xcalloc(c->n_ff, 4, buf);
+    s->logits = (float *)xcalloc(c->n_vocab, 4, buf);
+    s->row = (float *)xcalloc(max_in, 4, buf);
+    char kv[80]; // the one buffer that -c sizes: its message says so
+    snprintf(kv, sizeof kv, "the --cpu path's fp32 KV cache for -c %d (lower -c)", n_ctx);
+    s->key_cache = (float *)xcalloc((size_t)c->n_kv_layers * n_ctx * kvdim, 4, kv);
+    s->value_cache = (float *)xcalloc((size_t)c->n_kv_layers * n_ctx * kvdim, 4, kv);
+    s->mixed = (float *)xcalloc(conv_dim, 4, buf);
+    s->z = (float *)xcalloc(vdim, 4, buf);
+    s->beta = (float *)xcalloc(c->ssm_v_heads, 4, buf);
+    s->alpha = (float *)xcalloc(c->ssm_v_heads, 4, buf);
+    s->gdn_out = (float *)xcalloc(vdim, 4, buf);
+    s->conv_state = (float *)xcalloc((size_t)c->n_gdn_layers * 3 * conv_dim, 4, buf);
+    s->ssm_state = (float *)xcalloc((size_t)c->n_gdn_layers * c->ssm_v_heads * S * S, 4, buf);
 }
 
 static void cpu_state_free(CpuState *s) {
@@ -5773,7 +5807,7 @@ static void sampler_init(Sampler *s, int n_vocab, float temp, int top_k, float t
     s->min_p = min_p;
     s->rng = seed * 0x9E3779B97F4A7C15ull + 1;
     if (!s->rng) s->rng = 1; // xorshift stays at zero forever (one seed in 2^64 lands there)
-    s->cand = (Candidate *)xmalloc((size_t)n_vocab * sizeof(Candidate));
+    s->cand = (Candidate *)xmalloc((size_t)n_vocab * sizeof(Candidate), "the sampler");
 }
 
 static uint32_t rng_u32(uint64_t *state) { // xorshift64*
@@ -6002,7 +6036,7 @@ static double bytes_per_token(const Config *c, const GpuState *s, double n_past)
 // names the option and its whole argument.
 static int parse_ids(const char *opt, const char *s, int **out) {
     int cap = 16, n = 0;
-    int *ids = (int *)xmalloc(cap * sizeof(int));
+    int *ids = (int *)xmalloc(cap * sizeof(int), opt);
     for (const char *p = s;; p++) { // p: the start of a field
         while (isspace((unsigned char)*p)) p++;
         char *end;
@@ -6010,8 +6044,7 @@ static int parse_ids(const char *opt, const char *s, int **out) {
         long v = strtol(p, &end, 10);
         if (end == p || !isdigit((unsigned char)*p) || v > INT32_MAX || errno)
             die("%s '%s': not a list of token ids such as 9707,11,1879", opt, s);
-        if (n == cap && !(ids = (int *)realloc(ids, (cap *= 2) * sizeof(int))))
-            die("out of host memory");
+        if (n == cap) ids = (int *)xrealloc(ids, (size_t)(cap *= 2) * sizeof(int), opt);
         ids[n++] = (int)v;
         for (p = end; isspace((unsigned char)*p); p++) {}
         if (!*p) break;
@@ -6163,18 +6196,21 @@ static void run_bench(Model *m, int n_ctx) {
     gpu_state_free(&s);
 }
 
-// "15.5G" -> bytes (K, M, G, T: powers of 1024; "GiB" and "GB" spellings accepted as the same)
+// "15.5G" -> bytes (K, M, G, T: powers of 1024; "GiB" and "GB" spellings accepted as the same).
+// The unit is required: a bare "16" is more likely 16 GB than 16 bytes. -1: not a size.
 static double parse_size(const char *arg) {
     char *end;
     double v = strtod(arg, &end);
-    if (end == arg || v <= 0) return -1;
-    double mul = 1;
+    if (end == arg || !isfinite(v) || v <= 0) return -1;
+    double mul;
     switch (toupper((unsigned char)*end)) {
-    case 'K': mul = 1024.0; end++; break;
-    case 'M': mul = 1048576.0; end++; break;
-    case 'G': mul = 1073741824.0; end++; break;
-    case 'T': mul = 1099511627776.0; end++; break;
+    case 'K': mul = 1024.0; break;
+    case 'M': mul = 1048576.0; break;
+    case 'G': mul = 1073741824.0; break;
+    case 'T': mul = 1099511627776.0; break;
+    default: return -1;
     }
+    end++;
     if (*end == 'i' || *end == 'I') end++;
     if (*end == 'B' || *end == 'b') end++;
     return *end ? -1 : v * mul;
@@ -6357,18 +6393,26 @@ typedef struct {
 static int kld_base_read(KldBase *b, const char *path, int n_vocab_model, char *err,
                          size_t errlen) {
     memset(b, 0, sizeof *b);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "'%s' %s, not a KL-divergence base file", path,
+                 S_ISDIR(st.st_mode) ? "is a directory" : "is not a regular file");
+        return -1;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) { snprintf(err, errlen, "cannot open '%s': %s", path, strerror(errno)); return -1; }
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
+    long sz = (long)st.st_size;
     if (sz < 20) {
         fclose(f);
         snprintf(err, errlen, "'%s' is too short for a KL-divergence base file (%ld bytes)", path,
                  sz);
         return -1;
     }
-    b->data = (uint8_t *)xmalloc((size_t)sz);
+    b->data = (uint8_t *)xmalloc((size_t)sz, "the KL-divergence base file");
     b->size = (size_t)sz;
     size_t got = fread(b->data, 1, b->size, f);
     fclose(f);
@@ -6486,7 +6530,7 @@ static void engine_nll(Engine *e, const int *tokens, const int *targets, int n, 
     check_tokens(c->n_vocab, targets, n, "target token");
     NllCtx ctx = {targets, nll, first, c->n_vocab, NULL};
     if (!e->use_gpu || !e->gpu.n_batch || n == 1) {
-        ctx.lp = (double *)xmalloc((size_t)c->n_vocab * sizeof(double));
+        ctx.lp = (double *)xmalloc((size_t)c->n_vocab * sizeof(double), "a row of log-probs");
         engine_eval(e, tokens, n, 0, first, nll_row, &ctx);
         free(ctx.lp);
         return;
@@ -6561,13 +6605,14 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
     a.first = n_ctx / 2;
     a.per_chunk = n_ctx - 1 - a.first;
     a.nv = kld_record_words(a.V);
-    a.rec = (uint16_t *)xmalloc(a.nv * 2);
-    a.lp = (double *)xmalloc((size_t)a.V * sizeof(double));
-    a.lpb = (double *)xmalloc((size_t)a.V * sizeof(double));
-    a.klds = (double *)xmalloc((size_t)n_chunk * a.per_chunk * sizeof(double));
+    a.rec = (uint16_t *)xmalloc(a.nv * 2, "a base-file record");
+    a.lp = (double *)xmalloc((size_t)a.V * sizeof(double), "a row of log-probs");
+    a.lpb = (double *)xmalloc((size_t)a.V * sizeof(double), "a row of log-probs");
+    a.klds = (double *)xmalloc((size_t)n_chunk * a.per_chunk * sizeof(double),
+                               "the KL divergence of every position (lower --chunks)");
     a.out_base = out_base;
     a.in_base = in_base;
-    double *nll_chunk = (double *)xmalloc((size_t)a.per_chunk * sizeof(double));
+    double *nll_chunk = (double *)xmalloc((size_t)a.per_chunk * sizeof(double), "a chunk's scores");
     double t0 = now_sec();
     for (int c = 0; c < n_chunk; c++) {
         a.c = c;
@@ -6651,19 +6696,46 @@ static void print_perplexity(const PplResult *r, int kld) {
 
 // --- the command line ----------------------------------------------------------------------------
 // llama.cpp's flag names where it has one. main reads the flags, opens the file, and hands over to
-// one of the modes below: tokenize, info, bench, perplexity (and KL divergence), generate, chat.
+// one of the modes below: tokenize, detokenize, info, bench, perplexity (writing a KL-divergence
+// base file, or scoring against one), generate, chat. A run has one mode, and every option names
+// the modes it applies to: an option given to a mode it does not apply to is an error, never
+// silently ignored.
+
+enum {
+    MODE_GENERATE = 1,    // from -p, -f or --tokens (the default)
+    MODE_CHAT = 2,        // --chat
+    MODE_PERPLEXITY = 4,  // --perplexity, and --kl-divergence-base FILE to write a base file
+    MODE_KLD = 8,         // --kl-divergence: score against a base file, on its own tokens
+    MODE_TOKENIZE = 16,   // --tokenize
+    MODE_DETOKENIZE = 32, // --detokenize
+    MODE_INFO = 64,       // --info
+    MODE_BENCH = 128,     // --bench
+    MODE_ALL = 255,
+};
+static const char *const MODE_NAMES[8] = {"generation (-p, -f or --tokens)", "--chat",
+                                          "--perplexity", "--kl-divergence", "--tokenize",
+                                          "--detokenize", "--info", "--bench"};
+static const char *mode_name(int mode) {
+    for (int i = 0; i < 8; i++)
+        if (mode == 1 << i) return MODE_NAMES[i];
+    return "?";
+}
 
 typedef struct {
     const char *model_path, *prompt, *prompt_file, *tokens_arg, *detok_arg;
     const char *system_prompt, *dump_path, *kld_base_path;
     size_t prompt_len;       // bytes of prompt (-f files may hold NUL bytes)
     char *prompt_buf;        // the -f file's bytes, or NULL
-    int tokenize, chat, no_think, special, parse_special;
-    int ppl, kld, max_chunks, bench, info, use_cpu;
-    int n_predict, n_ctx, ctx_given, n_batch, batch_given;
+    int mode;                // one MODE_*
+    const char *mode_flag;   // the option that chose it ("" for generation)
+    int no_think, special, parse_special;
+    int ppl, kld, max_chunks, use_cpu;
+    int n_predict, n_ctx, ctx_given, n_batch, batch_given, vram_given, threads_given, ngl_given;
     float temp, top_p, min_p;
     int top_k;
     long long seed;
+    struct { const char *opt; int modes; } used[64]; // each option given, and where it applies
+    int n_used;
 } Args;
 
 static void usage(FILE *f) {
@@ -6675,10 +6747,12 @@ static void usage(FILE *f) {
         "  -f FILE           prompt text read from FILE, byte for byte\n"
         "  --tokens 1,2,3    prompt as raw token ids\n"
         "  --chat, -cnv      chat: the prompt (if any), then each line of stdin, becomes a user\n"
-        "                    turn of Qwen's ChatML; the KV cache is kept across turns\n"
+        "                    turn of Qwen's ChatML; the KV cache is kept across turns. Ctrl-D\n"
+        "                    ends it. A terminal cuts a line at 4095 bytes: a long first turn\n"
+        "                    goes in -f FILE\n"
         "  --system TEXT     the system turn of the chat\n"
         "  --no-think        Qwen3/3.5 chat without the thinking phase (an empty <think></think>)\n"
-        "  --special         print control tokens such as <|im_end|>\n"
+        "  --special         print control tokens such as <|im_end|> (--detokenize always does)\n"
         "  --no-parse-special  treat special-token text in the prompt as plain text\n"
         "  --perplexity      chunked perplexity of -f FILE (or -p TEXT, --tokens) with chunks of\n"
         "                    -c tokens (default 512)\n"
@@ -6705,9 +6779,79 @@ static void usage(FILE *f) {
         "                    bandwidth, and prefill (pp512)\n"
         "  --info            print the file's metadata, tensors and the VRAM budget for -c\n"
         "  --vram-limit SIZE behave as if the GPU had SIZE of memory (e.g. 15.5G: a 16 GB V100)\n"
-        "  -ngl N, -t N      accepted for llama.cpp compatibility (the model is always wholly on\n"
-        "                    the GPU)\n"
+        "  -ngl N, -t N      accepted for llama.cpp compatibility, and ignored: the model is\n"
+        "                    always wholly on the GPU, and --cpu runs on one thread\n"
         "  -h, --help        this text\n");
+}
+
+// The value of option argv[*i]. A value that looks like an option ("-n", "--seed") means that the
+// option's own value was left out and the next option taken in its place: an error naming both.
+static const char *option_value(int argc, char **argv, int *i) {
+    const char *o = argv[*i];
+    if (*i + 1 >= argc) die("option %s needs a value", o);
+    const char *v = argv[++*i];
+    if (v[0] == '-' && (isalpha((unsigned char)v[1]) || (v[1] == '-' && v[2])))
+        die("option %s needs a value, but the next argument '%s' is an option%s", o, v,
+            !strcmp(o, "-p") || !strcmp(o, "--prompt")
+                ? " (a prompt that starts with '-' can go in a file: -f FILE)" : "");
+    return v;
+}
+
+// The mode an option chooses; two different modes in one run are an error naming both options.
+static void set_mode(Args *a, const char *opt, int mode) {
+    if (a->mode && a->mode != mode)
+        die("%s and %s are two different modes: give one of them", a->mode_flag, opt);
+    a->mode = mode;
+    a->mode_flag = opt;
+}
+
+// A seed that differs from run to run, also between two runs started in the same second: the
+// time in nanoseconds and the process id, mixed. Non-negative, so that --seed takes it back.
+static long long fresh_seed(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    x ^= (uint64_t)getpid() << 40;
+    x ^= x >> 31; x *= 0x9E3779B97F4A7C15ull; x ^= x >> 29; // spread the bits (a splitmix step)
+    return (long long)(x >> 1);
+}
+
+// Every output file against every input file, before any is opened: writing one over the other
+// destroys it (and the model, which is mapped, would end the run with SIGBUS). Compared by device
+// and inode, so that a symbolic or hard link to the model is caught as well as its own name.
+static void check_output_paths(const Args *a) {
+    const char *out_flag = a->dump_path ? "--dump-logits" : "--kl-divergence-base";
+    const char *out = a->dump_path ? a->dump_path : a->mode == MODE_PERPLEXITY ? a->kld_base_path
+                                                                               : NULL;
+    struct stat so, si;
+    if (!out || stat(out, &so) != 0) return; // nothing written, or a new file
+    if (S_ISDIR(so.st_mode)) die("%s '%s' is a directory: give a file name", out_flag, out);
+    const char *in[3] = {a->model_path, a->prompt_file,
+                         a->mode == MODE_KLD ? a->kld_base_path : NULL};
+    const char *what[3] = {"model file (-m)", "prompt file (-f)", "KL-divergence base file"};
+    for (int k = 0; k < 3; k++)
+        if (in[k] && stat(in[k], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+            die("%s '%s' is the %s '%s': it would be overwritten; give another file name",
+                out_flag, out, what[k], in[k]);
+}
+
+// -f FILE's bytes, up to 1 GiB (a FIFO or /dev/stdin works too; /dev/zero is stopped).
+static char *read_prompt_file(const char *path, size_t *len) {
+    FILE *pf = fopen(path, "rb");
+    if (!pf) die("cannot open prompt file '%s': %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0, max = (size_t)1 << 30;
+    char *buf = (char *)xmalloc(cap, "the -f file");
+    for (size_t got; (got = fread(buf + n, 1, cap - n - 1, pf)) > 0;) {
+        n += got;
+        if (n + 1 < cap) continue;
+        if (cap >= max) die("-f '%s' holds 1 GiB or more: too long for a prompt", path);
+        buf = (char *)xrealloc(buf, cap *= 2, "the -f file");
+    }
+    if (ferror(pf)) die("reading '%s' failed: %s", path, strerror(errno));
+    fclose(pf);
+    buf[n] = 0;
+    *len = n;
+    return buf;
 }
 
 static void parse_args(Args *a, int argc, char **argv) {
@@ -6721,71 +6865,99 @@ static void parse_args(Args *a, int argc, char **argv) {
     a->min_p = 0.05f;
     a->top_k = 40;
     a->seed = -1;
-    int compat_note = 0;
+    const int RUN = MODE_GENERATE | MODE_CHAT | MODE_PERPLEXITY | MODE_KLD; // runs of the model
+    const int SAMPLE = MODE_GENERATE | MODE_CHAT;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
-        int has = i + 1 < argc;
 #define IS(s) (!strcmp(o, s))
-#define NEXT() (has ? argv[++i] : (die("option %s needs a value", o), (char *)NULL))
+#define NEXT() option_value(argc, argv, &i)
+// the option o applies to these modes (checked once the mode is known)
+#define FOR(mask) (a->n_used < 64 ? (void)(a->used[a->n_used].opt = o, \
+                                           a->used[a->n_used++].modes = (mask)) \
+                                    : die("more than 64 options"))
         if (IS("-m") || IS("--model")) a->model_path = NEXT();
-        else if (IS("-p") || IS("--prompt")) a->prompt = NEXT();
-        else if (IS("--tokens")) a->tokens_arg = NEXT();
-        else if (IS("-f") || IS("--file")) a->prompt_file = NEXT();
-        else if (IS("--tokenize")) a->tokenize = 1;
-        else if (IS("--detokenize")) a->detok_arg = NEXT();
-        else if (IS("--chat") || IS("-cnv") || IS("--conversation")) a->chat = 1;
-        else if (IS("--system") || IS("-sys")) a->system_prompt = NEXT();
-        else if (IS("--no-think")) a->no_think = 1;
-        else if (IS("--special")) a->special = 1;
-        else if (IS("--no-parse-special")) a->parse_special = 0;
-        else if (IS("-n") || IS("--n-predict")) a->n_predict = arg_int(o, NEXT());
-        else if (IS("-c") || IS("--ctx-size")) a->n_ctx = arg_int(o, NEXT()), a->ctx_given = 1;
+        else if (IS("-p") || IS("--prompt"))
+            a->prompt = NEXT(), FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE);
+        else if (IS("-f") || IS("--file"))
+            a->prompt_file = NEXT(), FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE);
+        else if (IS("--tokens")) a->tokens_arg = NEXT(), FOR(MODE_GENERATE | MODE_PERPLEXITY);
+        else if (IS("--tokenize")) set_mode(a, o, MODE_TOKENIZE);
+        else if (IS("--detokenize")) a->detok_arg = NEXT(), set_mode(a, o, MODE_DETOKENIZE);
+        else if (IS("--chat") || IS("-cnv") || IS("--conversation")) set_mode(a, o, MODE_CHAT);
+        else if (IS("--system") || IS("-sys")) a->system_prompt = NEXT(), FOR(MODE_CHAT);
+        else if (IS("--no-think")) a->no_think = 1, FOR(MODE_CHAT);
+        else if (IS("--special")) a->special = 1, FOR(SAMPLE | MODE_DETOKENIZE);
+        else if (IS("--no-parse-special"))
+            a->parse_special = 0, FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE);
+        else if (IS("-n") || IS("--n-predict")) a->n_predict = arg_int(o, NEXT()), FOR(SAMPLE);
+        else if (IS("-c") || IS("--ctx-size"))
+            a->n_ctx = arg_int(o, NEXT()), a->ctx_given = 1, FOR(RUN | MODE_INFO | MODE_BENCH);
         else if (IS("--perplexity")) a->ppl = 1;
         else if (IS("--kl-divergence")) a->kld = 1;
         else if (IS("--kl-divergence-base")) a->kld_base_path = NEXT();
-        else if (IS("--chunks")) a->max_chunks = arg_int(o, NEXT());
+        else if (IS("--chunks"))
+            a->max_chunks = arg_int(o, NEXT()), FOR(MODE_PERPLEXITY | MODE_KLD);
         else if (IS("-b") || IS("--batch-size"))
-            a->n_batch = arg_int(o, NEXT()), a->batch_given = 1;
-        else if (IS("--temp")) a->temp = arg_float(o, NEXT());
-        else if (IS("--top-k")) a->top_k = arg_int(o, NEXT());
-        else if (IS("--top-p")) a->top_p = arg_float(o, NEXT());
-        else if (IS("--min-p")) a->min_p = arg_float(o, NEXT());
-        else if (IS("--seed") || IS("-s")) a->seed = arg_i64(o, NEXT());
-        else if (IS("--dump-logits")) a->dump_path = NEXT();
-        else if (IS("--cpu")) a->use_cpu = 1;
-        else if (IS("--bench")) a->bench = 1;
-        else if (IS("--info")) a->info = 1;
+            a->n_batch = arg_int(o, NEXT()), a->batch_given = 1, FOR(RUN);
+        else if (IS("--temp")) a->temp = arg_float(o, NEXT()), FOR(SAMPLE);
+        else if (IS("--top-k")) a->top_k = arg_int(o, NEXT()), FOR(SAMPLE);
+        else if (IS("--top-p")) a->top_p = arg_float(o, NEXT()), FOR(SAMPLE);
+        else if (IS("--min-p")) a->min_p = arg_float(o, NEXT()), FOR(SAMPLE);
+        else if (IS("--seed") || IS("-s")) a->seed = arg_i64(o, NEXT()), FOR(SAMPLE);
+        else if (IS("--dump-logits")) a->dump_path = NEXT(), FOR(MODE_GENERATE);
+        else if (IS("--cpu")) a->use_cpu = 1, FOR(RUN);
+        else if (IS("--bench")) set_mode(a, o, MODE_BENCH);
+        else if (IS("--info")) set_mode(a, o, MODE_INFO);
         else if (IS("--vram-limit")) {
             const char *v = NEXT();
             if ((g_vram_limit = parse_size(v)) <= 0)
-                die("--vram-limit '%s': expected a size such as 15.5G or 900M", v);
-        } else if (IS("-ngl") || IS("--n-gpu-layers") || IS("-t") || IS("--threads")) {
-            (void)NEXT();
-            compat_note = 1;
-        } else if (IS("-h") || IS("--help")) {
+                die("--vram-limit '%s': expected a size with its unit, such as 15.5G or 900M", v);
+            a->vram_given = 1;
+            FOR(RUN | MODE_INFO | MODE_BENCH);
+        } else if (IS("-ngl") || IS("--n-gpu-layers")) (void)NEXT(), a->ngl_given = 1;
+        else if (IS("-t") || IS("--threads")) (void)NEXT(), a->threads_given = 1;
+        else if (IS("-h") || IS("--help")) {
             usage(stdout);
             exit(0);
         } else {
-            usage(stderr);
-            die("unknown option '%s'", o);
+            die("unknown option '%s' (qwen --help lists the options)", o);
         }
+#undef FOR
 #undef NEXT
 #undef IS
     }
-    if (!a->model_path) {
-        usage(stderr);
-        die("no model given (-m FILE)");
+    if (!a->model_path) die("no model given: -m FILE (qwen --help lists the options)");
+    // the perplexity modes: scoring (--kl-divergence) or not; --kl-divergence-base alone writes
+    if (a->kld) {
+        if (!a->kld_base_path) die("--kl-divergence needs --kl-divergence-base FILE");
+        set_mode(a, "--kl-divergence", MODE_KLD);
+    } else if (a->ppl || a->kld_base_path) {
+        set_mode(a, a->ppl ? "--perplexity" : "--kl-divergence-base", MODE_PERPLEXITY);
     }
-    if (compat_note)
-        fprintf(stderr, "note: -ngl/-t are accepted for compatibility; qwen.cu always runs the "
-                        "whole model on the GPU\n");
+    if (!a->mode) a->mode = MODE_GENERATE, a->mode_flag = "";
+    for (int k = 0; k < a->n_used; k++) {
+        if (a->used[k].modes & a->mode) continue;
+        char where[200] = "";
+        for (int b = 0, n = 0; b < 8; b++)
+            if (a->used[k].modes & (1 << b))
+                n += snprintf(where + n, sizeof where - n, "%s%s", n ? ", " : "", MODE_NAMES[b]);
+        die("%s does not apply to %s (it applies to: %s)", a->used[k].opt, mode_name(a->mode),
+            where);
+    }
+    if (a->use_cpu && a->batch_given)
+        die("-b does not apply to --cpu: the CPU path runs a prompt token by token");
+    if (a->use_cpu && a->vram_given)
+        die("--vram-limit does not apply to --cpu: it stands for a GPU's memory");
+    if (a->threads_given)
+        fprintf(stderr, "note: -t is accepted for llama.cpp compatibility and ignored: %s\n",
+                a->use_cpu ? "the --cpu path runs on one thread"
+                           : "the model runs on the GPU");
+    if (a->ngl_given)
+        fprintf(stderr, "note: -ngl is accepted for llama.cpp compatibility and ignored: %s\n",
+                a->use_cpu ? "--cpu runs no layer on the GPU"
+                           : "qwen.cu always runs the whole model on the GPU");
     if ((a->prompt != NULL) + (a->prompt_file != NULL) + (a->tokens_arg != NULL) > 1)
         die("give the prompt one way: -p TEXT, -f FILE or --tokens IDS");
-    if (a->chat && a->tokens_arg)
-        die("--chat builds its prompt from text: use -p or -f, not --tokens");
-    if (a->system_prompt && !a->chat) die("--system sets the chat's system turn: add --chat");
-    if (a->kld && !a->kld_base_path) die("--kl-divergence needs --kl-divergence-base FILE");
-    if (a->kld_base_path) a->ppl = 1; // the base file is written, or scored, by a perplexity run
     if (a->n_ctx <= 0) die("-c %d: the context length must be positive", a->n_ctx);
     if (a->n_batch <= 0) die("-b %d: the batch size must be positive", a->n_batch);
     if (a->n_predict < 0) die("-n %d: must be >= 0", a->n_predict);
@@ -6793,30 +6965,29 @@ static void parse_args(Args *a, int argc, char **argv) {
     if (a->min_p < 0.0f || a->min_p > 1.0f) // above 1 it would drop every token
         die("--min-p %g: must be in [0, 1]", a->min_p);
     // as in llama.cpp: --temp <= 0 is greedy, --top-k <= 0 is off, --chunks <= 0 (e.g. -1) is all
-    if (a->seed < 0) a->seed = (long long)time(NULL);
+    if (a->seed < 0) a->seed = fresh_seed();
     // --dump-logits is what other engines are diffed against: by default it takes the most exact
     // path, token by token through the decode graph (the batched prompt's products are fp16)
     if (a->dump_path && !a->batch_given) a->n_batch = 1;
     g_n_batch = a->n_batch;
+    check_output_paths(a);
     a->prompt_len = a->prompt ? strlen(a->prompt) : 0;
-    if (a->prompt_file) { // byte for byte
-        FILE *pf = fopen(a->prompt_file, "rb");
-        if (!pf) die("cannot open prompt file '%s': %s", a->prompt_file, strerror(errno));
-        size_t cap = 1 << 16, n = 0;
-        char *buf = (char *)xmalloc(cap);
-        for (size_t got; (got = fread(buf + n, 1, cap - n - 1, pf)) > 0;) {
-            n += got;
-            if (n + 1 == cap && !(buf = (char *)realloc(buf, cap *= 2))) die("out of host memory");
-        }
-        if (ferror(pf)) die("reading '%s' failed: %s", a->prompt_file, strerror(errno));
-        fclose(pf);
-        buf[n] = 0;
-        a->prompt = a->prompt_buf = buf;
-        a->prompt_len = n;
-    }
+    if (a->prompt_file)
+        a->prompt = a->prompt_buf = read_prompt_file(a->prompt_file, &a->prompt_len);
 }
 
 // --- the modes -----------------------------------------------------------------------------------
+
+// An output file (a logits dump, a KL-divergence base), opened for writing once the run is sure to
+// start. A regular file is the partial file until it is complete: an error or a signal deletes it.
+// (Not a device or a FIFO: /dev/stdout is no partial file to delete.)
+static FILE *open_output(const char *path) {
+    FILE *f = fopen(path, "wb");
+    if (!f) die("cannot write '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)) g_partial_file = path;
+    return f;
+}
 
 // --tokenize / --detokenize: the vocabulary alone (vocabulary-only files and no GPU are fine).
 static int mode_tokenize(const Args *a, const Tokenizer *tok, double t_load) {
@@ -6861,7 +7032,7 @@ static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const 
                 "file's", n_ctx, base.n_ctx, a->kld_base_path);
         n_ctx = (int)base.n_ctx;
         n_chunk = base.n_chunk;
-        ptoks = (int *)xmalloc((size_t)n_chunk * n_ctx * sizeof(int));
+        ptoks = (int *)xmalloc((size_t)n_chunk * n_ctx * sizeof(int), "the base file's tokens");
         for (size_t i = 0; i < (size_t)n_chunk * n_ctx; i++) ptoks[i] = base.tokens[i];
     } else {
         if (a->tokens_arg) {
@@ -6885,9 +7056,7 @@ static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const 
             a->kld ? ", scored against the base file" : "");
     FILE *out = NULL;
     if (a->kld_base_path && !a->kld) {
-        if (!(out = fopen(a->kld_base_path, "wb")))
-            die("cannot write '%s': %s", a->kld_base_path, strerror(errno));
-        g_partial_file = a->kld_base_path;
+        out = open_output(a->kld_base_path);
         kld_base_write_header(out, (uint32_t)n_ctx, c->n_vocab, n_chunk, ptoks);
     }
     Engine e;
@@ -6911,6 +7080,7 @@ typedef struct {
     const Tokenizer *tok; // NULL when the file has no vocabulary: tokens are printed as ids
     Stream out;           // the UTF-8 printer (tokenizer.c)
     int special, n_predict, n_ctx, pos;
+    int chat;             // an answer cut by -n says so (a generation's end at -n is the plan)
     int n_prompt, n_eval;
     double t_prompt, t_gen, bytes;
 } Gen;
@@ -6963,7 +7133,11 @@ static void gen_answer(Gen *g, float *logits) {
         int eog = g->tok && tokenizer_is_eog(g->tok, next);
         if (!eog || g->special) gen_print(g, next);
         fflush(stdout);
-        if (eog || n_gen == g->n_predict) break;
+        if (eog) break;
+        if (n_gen == g->n_predict) {
+            if (g->chat) fprintf(stderr, "\n[the answer reached -n %d tokens: raise -n]", n_gen);
+            break;
+        }
         if (g->pos >= g->n_ctx) {
             fprintf(stderr, "\n[context full: %d tokens]\n", g->pos);
             break;
@@ -7035,10 +7209,7 @@ static int mode_generate(const Args *a, Model *m, const Tokenizer *tok) {
     check_tokens(m->c.n_vocab, ids, n, "prompt token");
     Gen g;
     gen_init(&g, a, m, tok, n);
-    DumpCtx dump = {NULL, a->dump_path, m->c.n_vocab};
-    if (a->dump_path && !(dump.f = fopen(a->dump_path, "wb")))
-        die("cannot write '%s': %s", a->dump_path, strerror(errno));
-    if (a->dump_path) g_partial_file = a->dump_path;
+    DumpCtx dump = {a->dump_path ? open_output(a->dump_path) : NULL, a->dump_path, m->c.n_vocab};
     float *logits = gen_feed(&g, ids, n, a->dump_path ? &dump : NULL);
     if (dump.f && fclose(dump.f) != 0) die("writing '%s' failed", a->dump_path);
     g_partial_file = NULL;
@@ -7059,10 +7230,10 @@ static char *read_line_stdin(const char *prompt) {
             fflush(stderr);
         }
         size_t cap = 256, n = 0, k = 0;
-        char *s = (char *)xmalloc(cap);
+        char *s = (char *)xmalloc(cap, "a line of stdin");
         int ch;
         while ((ch = getchar()) != EOF && ch != '\n') {
-            if (n + 1 == cap && !(s = (char *)realloc(s, cap *= 2))) die("out of host memory");
+            if (n + 1 == cap) s = (char *)xrealloc(s, cap *= 2, "a line of stdin");
             s[n++] = (char)ch;
         }
         s[n] = 0;
@@ -7074,29 +7245,53 @@ static char *read_line_stdin(const char *prompt) {
 }
 
 // The ids of one user turn of ChatML (the first with the system prompt). Every later turn starts
-// by closing the last answer with <|im_end|>, which the answer stopped at without feeding it.
+// by closing the last answer with <|im_end|>, which the answer stopped at without feeding it. The
+// template's tags are special tokens. The user's text is read as the prompt is: with special
+// tokens by default (the whole turn at once, so the ids are those of the model's own chat
+// template), as plain text with --no-parse-special (the tags, the text and the tags, each alone).
 static int chat_ids(const Args *a, const Tokenizer *tok, const char *line, int first, int **ids) {
-    char *turn = chat_turn(tok, first ? a->system_prompt : NULL, line, first, a->no_think);
-    int *t, n = tokenizer_encode(tok, turn, strlen(turn), 1, &t);
-    free(turn);
+    size_t at, len = strlen(line);
+    char *turn = chat_turn(tok, first ? a->system_prompt : NULL, line, first, a->no_think, &at);
+    size_t total = strlen(turn);
+    const char *piece[3] = {turn, turn + at, turn + at + len};
+    size_t piece_len[3] = {at, len, total - at - len};
+    int parse[3] = {1, 0, 1}, n_pieces = 3;
+    if (a->parse_special) piece_len[0] = total, n_pieces = 1;
     int k = !first; // 1: room for the <|im_end|>
-    *ids = (int *)xmalloc((size_t)(n + k) * sizeof(int));
+    // at most one id per byte, a BOS and the <|im_end|>
+    *ids = (int *)xmalloc((total + 2) * sizeof(int), "a chat turn");
     if (k) (*ids)[0] = tok->im_end_id >= 0 ? tok->im_end_id : tok->eos_id;
-    memcpy(*ids + k, t, (size_t)n * sizeof(int));
-    free(t);
-    return n + k;
+    int n = k;
+    for (int i = 0; i < n_pieces; i++) {
+        int *t, nt = tokenizer_encode(tok, piece[i], piece_len[i], parse[i], &t);
+        int bos = i > 0 && tok->add_bos && tok->bos_id >= 0; // one BOS, before the first piece
+        memcpy(*ids + n, t + bos, (size_t)(nt - bos) * sizeof(int));
+        n += nt - bos;
+        free(t);
+    }
+    free(turn);
+    return n;
 }
 
 // Chat: the prompt (if any), then each line of stdin, is a user turn of Qwen's ChatML; the KV
 // cache is kept across turns.
 static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
+    if (tok->im_start_id < 0 || tok->im_end_id < 0)
+        die("'%s' has no ChatML tokens (<|im_start|>, <|im_end|>): it is not a chat model; "
+            "give it a prompt without --chat", a->model_path);
+    if (a->no_think && m->c.arch == ARCH_QWEN2)
+        die("--no-think does not apply to a qwen2 model: Qwen2/2.5 have no thinking phase");
     const char *ask = isatty(0) ? "\n> " : NULL;
+    if (ask)
+        fprintf(stderr, "chat: one line is one turn; Ctrl-D ends the chat. A terminal cuts a line "
+                "at 4095 bytes: a long first turn goes in -f FILE.\n");
     char *line = a->prompt ? NULL : read_line_stdin(ask);
     if (!a->prompt && !line) return 0;
     int *ids, n = chat_ids(a, tok, a->prompt ? a->prompt : line, 1, &ids);
     free(line);
     Gen g;
     gen_init(&g, a, m, tok, n);
+    g.chat = 1;
     int rc = 0;
     for (;;) {
         // the answers so far stand: the timing lines follow, then exit 1
@@ -7137,6 +7332,13 @@ int main(int argc, char **argv) {
     // Load every kernel when the CUDA context is created, so that the context's memory, which the
     // VRAM budget measures, already includes them (the default loads them lazily, later).
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    // A closed stdin, stdout or stderr (`<&-`) would lend its number to the next file opened: the
+    // model file would become the chat's input. Each one that is closed becomes /dev/null.
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) == -1 && errno == EBADF &&
+            open("/dev/null", fd ? O_WRONLY : O_RDONLY) != fd)
+            return 1;
+    catch_fatal_signals();
     Args a;
     parse_args(&a, argc, argv);
     Model m;
@@ -7148,29 +7350,33 @@ int main(int argc, char **argv) {
     int have_tok = tokenizer_init(&tok, &m.gguf, 0, tok_err, sizeof tok_err) == 0;
     t_tok = now_sec() - t_tok;
     int rc = 0;
-    if (a.tokenize || a.detok_arg) {
+    if (a.mode == MODE_TOKENIZE || a.mode == MODE_DETOKENIZE) {
         if (!have_tok) die("%s: %s", a.model_path, tok_err);
         rc = mode_tokenize(&a, &tok, t_tok);
-    } else if (a.info && m.gguf.n_tensors == 0) { // what the file has: its metadata
+    } else if (m.gguf.n_tensors == 0) { // a vocabulary-only file: its metadata, nothing to run
+        if (a.mode != MODE_INFO)
+            die("'%s' is a vocabulary-only file (no tensors): only --tokenize, --detokenize and "
+                "--info apply to it", a.model_path);
         print_gguf(&m.gguf);
         printf("no tensors: a vocabulary-only file (%s), no model to run\n",
                have_tok ? "its tokenizer loads" : tok_err);
     } else {
         load_model(&a, &m);
-        if (a.info) {
+        if (a.mode == MODE_INFO) {
             print_gguf(&m.gguf);
             print_model(&m, a.n_ctx);
-        } else if (a.bench) {
-            if (!gpu_available()) die("--bench needs a CUDA GPU");
+        } else if (a.mode == MODE_BENCH) {
+            if (!gpu_available()) die("--bench needs a CUDA GPU (it measures the GPU's speed)");
             run_bench(&m, a.n_ctx);
+        } else if (a.mode == MODE_PERPLEXITY || a.mode == MODE_KLD) {
+            rc = mode_perplexity(&a, &m, have_tok ? &tok : NULL, tok_err);
         } else {
-            if (!have_tok && (a.prompt || a.chat) && !a.ppl)
+            if (!have_tok && (a.prompt || a.mode == MODE_CHAT))
                 die("%s: %s (pass the prompt as ids with --tokens)", a.model_path, tok_err);
-            if (!have_tok && !a.ppl)
+            if (!have_tok)
                 fprintf(stderr, "note: %s; the output is printed as token ids\n", tok_err);
-            if (a.ppl) rc = mode_perplexity(&a, &m, have_tok ? &tok : NULL, tok_err);
-            else if (a.chat) rc = mode_chat(&a, &m, &tok);
-            else rc = mode_generate(&a, &m, have_tok ? &tok : NULL);
+            rc = a.mode == MODE_CHAT ? mode_chat(&a, &m, &tok)
+                                     : mode_generate(&a, &m, have_tok ? &tok : NULL);
         }
     }
     if (have_tok) tokenizer_free(&tok);

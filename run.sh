@@ -4,20 +4,27 @@
 #
 #   ./run.sh                              the tiny test model in test/data (random weights!)
 #   ./run.sh MODEL.gguf ["prompt"] [more qwen flags, e.g. --seed 42 -n 128]
+#   ./run.sh MODEL.gguf --seed 42         flags right after the model: the default prompt
+# Paths are the caller's: the script does not change directory, it finds qwen.cu beside itself.
 set -euo pipefail
-cd "$(dirname "$0")"
+here=$(cd "$(dirname "$0")" && pwd)
 
-if [ ! -x ./qwen ] || [ qwen.cu -nt ./qwen ] || [ tokenizer.c -nt ./qwen ]; then
-    echo "== building ./qwen" >&2
-    make >&2
+if [ ! -x "$here/qwen" ] || [ "$here/qwen.cu" -nt "$here/qwen" ] ||
+   [ "$here/tokenizer.c" -nt "$here/qwen" ]; then
+    echo "== building $here/qwen" >&2
+    make -C "$here" >&2
 fi
 
 model=${1:-}
-prompt=${2:-"The three laws of memory-bound inference are"}
-shift $(( $# > 2 ? 2 : $# )) || true
+[ $# -gt 0 ] && shift
+prompt="The three laws of memory-bound inference are"
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then # a second argument that is not a flag: the prompt
+    prompt=$1
+    shift
+fi
 
 if [ -z "$model" ]; then
-    model=test/data/tiny-qwen3/tiny-qwen3-q4_0.gguf
+    model=$here/test/data/tiny-qwen3/tiny-qwen3-q4_0.gguf
     cat >&2 <<'X'
 No model given: running the tiny model shipped in test/data. Its weights are RANDOM, so the text
 it writes is gibberish; it only shows that everything runs.
@@ -25,13 +32,15 @@ it writes is gibberish; it only shows that everything runs.
 For a real model, download a Qwen GGUF and pass its path, for example (Hugging Face):
     huggingface-cli download Qwen/Qwen3-8B-GGUF Qwen3-8B-Q4_K_M.gguf --local-dir models
     ./run.sh models/Qwen3-8B-Q4_K_M.gguf "Why is the sky blue?"
-Any qwen2 (Qwen2/2.5) or qwen3 GGUF works; on a 16 GB V100 pick a quantization that fits whole.
+Any qwen2 (Qwen2/2.5), qwen3 or qwen35 (Qwen3.5/3.6) GGUF works; on a 16 GB V100 pick a
+quantization that fits whole.
 X
 fi
 
 extra=()
 if ! nvidia-smi >/dev/null 2>&1; then
-    echo "note: no NVIDIA GPU here; using the plain-C reference path (--cpu), which is slow on big models" >&2
+    echo "note: no NVIDIA GPU here: using the plain-C reference path (--cpu), one thread, fp32." \
+         "It runs a Qwen3-0.6B Q4_0 at about 0.85 s per token on 2 cores: pick a model that small." >&2
     extra+=(--cpu)
 fi
-exec ./qwen -m "$model" -p "$prompt" -c 2048 --temp 0.7 --top-p 0.8 "${extra[@]}" "$@"
+exec "$here/qwen" -m "$model" -p "$prompt" -c 2048 --temp 0.7 --top-p 0.8 "${extra[@]}" "$@"

@@ -298,7 +298,7 @@ static uint32_t hash_bytes(const char *s, int n) { // FNV-1a
 static void hm_init(HashMap *m, int n, const char *base) {
     uint32_t cap = 1;
     while (cap < (uint32_t)n + (uint32_t)n / 2 + 16) cap <<= 1; // load factor <= 2/3
-    m->slots = (HashSlot *)xmalloc((size_t)cap * sizeof(HashSlot));
+    m->slots = (HashSlot *)xmalloc((size_t)cap * sizeof(HashSlot), "the vocabulary's hash table");
     for (uint32_t i = 0; i < cap; i++) m->slots[i].len = -1;
     m->mask = cap - 1;
     m->base = base;
@@ -399,10 +399,10 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     int n = (int)tokens->n;
     if (n_vocab_model > 0 && n > n_vocab_model) n = n_vocab_model; // ids past the embedding cannot be used
     t->n_vocab = n;
-    t->text = (const char **)xmalloc((size_t)n * sizeof(char *));
-    t->text_len = (int *)xmalloc((size_t)n * sizeof(int));
-    t->type = (int *)xmalloc((size_t)n * sizeof(int));
-    t->eog = (unsigned char *)xcalloc(n, 1);
+    t->text = (const char **)xmalloc((size_t)n * sizeof(char *), "the vocabulary");
+    t->text_len = (int *)xmalloc((size_t)n * sizeof(int), "the vocabulary");
+    t->type = (int *)xmalloc((size_t)n * sizeof(int), "the vocabulary");
+    t->eog = (unsigned char *)xcalloc(n, 1, "the vocabulary");
     const GGUFKV *types = gguf_find(g, "tokenizer.ggml.token_type");
     int have_types = types && types->type == GGUF_TYPE_ARRAY && types->arr_type == GGUF_TYPE_I32 && types->n >= (uint64_t)n;
     hm_init(&t->token_id, n, (const char *)g->base);
@@ -425,9 +425,9 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     }
     // decoded bytes of each token: normal tokens through the inverse byte map, <0xXX> byte tokens to
     // their byte, the others (control, user-defined, unused) as their text
-    t->pieces = (char *)xmalloc(total + 1);
-    t->piece_off = (int *)xmalloc((size_t)n * sizeof(int));
-    t->piece_len = (int *)xmalloc((size_t)n * sizeof(int));
+    t->pieces = (char *)xmalloc(total + 1, "the vocabulary");
+    t->piece_off = (int *)xmalloc((size_t)n * sizeof(int), "the vocabulary");
+    t->piece_len = (int *)xmalloc((size_t)n * sizeof(int), "the vocabulary");
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         t->piece_off[i] = (int)off;
@@ -479,12 +479,12 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
         hm_init(&t->merge_rank, 1, (const char *)g->base);
     }
     // special and added tokens, longest first; end-of-generation tokens by their text
-    t->special = (int *)xmalloc((size_t)n * sizeof(int));
+    t->special = (int *)xmalloc((size_t)n * sizeof(int), "the vocabulary");
     for (int i = 0; i < n; i++)
         if (t->type[i] == TOK_CONTROL || t->type[i] == TOK_USER_DEFINED || t->type[i] == TOK_UNKNOWN) t->special[t->n_special++] = i;
     { // by length, longest first, ids in order among equal lengths: as keys (2^31 - 1 - length, id)
         // sorted by qsort (any token may be marked special, so there can be many)
-        uint64_t *key = (uint64_t *)xmalloc((size_t)t->n_special * sizeof *key + 1);
+        uint64_t *key = (uint64_t *)xmalloc((size_t)t->n_special * sizeof *key + 1, "the vocabulary");
         for (int i = 0; i < t->n_special; i++)
             key[i] = (uint64_t)(INT32_MAX - t->text_len[t->special[i]]) << 32 | (uint32_t)t->special[i];
         qsort(key, (size_t)t->n_special, sizeof *key, cmp_u64);
@@ -545,7 +545,7 @@ typedef struct { int *ids; int n, cap; } IdList;
 static void ids_push(IdList *l, int id) {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
-        l->ids = (int *)realloc(l->ids, (size_t)l->cap * sizeof(int));
+        l->ids = (int *)xrealloc(l->ids, (size_t)l->cap * sizeof(int), "the token ids");
         if (!l->ids) die("out of host memory");
     }
     l->ids[l->n++] = id;
@@ -570,7 +570,7 @@ static int bigram_before(const Bigram *a, const Bigram *b) { return a->rank < b-
 static void heap_push(BpeScratch *s, Bigram b) {
     if (s->heap_n == s->heap_cap) {
         s->heap_cap = s->heap_cap ? 2 * s->heap_cap : 64;
-        s->heap = (Bigram *)realloc(s->heap, (size_t)s->heap_cap * sizeof(Bigram));
+        s->heap = (Bigram *)xrealloc(s->heap, (size_t)s->heap_cap * sizeof(Bigram), "the BPE merge queue");
         if (!s->heap) die("out of host memory");
     }
     int i = s->heap_n++;
@@ -601,7 +601,7 @@ static void try_pair(const Tokenizer *t, BpeScratch *s, int left, int right) {
     int klen = a->len + 1 + b->len;
     if (klen > s->key_cap) {
         s->key_cap = 2 * klen;
-        s->key = (char *)realloc(s->key, s->key_cap);
+        s->key = (char *)xrealloc(s->key, s->key_cap, "the BPE merge queue");
         if (!s->key) die("out of host memory");
     }
     memcpy(s->key, s->word + a->start, a->len);
@@ -617,8 +617,8 @@ static void try_pair(const Tokenizer *t, BpeScratch *s, int left, int right) {
 static void bpe_word(const Tokenizer *t, BpeScratch *s, const uint32_t *cps, int n, IdList *out) {
     // bytes of the word -> GPT-2 byte characters, one symbol each
     int need = n * 4 * 3;
-    if (need > s->word_cap) { s->word_cap = 2 * need; s->word = (char *)realloc(s->word, s->word_cap); }
-    if (n * 4 > s->sym_cap) { s->sym_cap = 2 * n * 4; s->sym = (Symbol *)realloc(s->sym, (size_t)s->sym_cap * sizeof(Symbol)); }
+    if (need > s->word_cap) { s->word_cap = 2 * need; s->word = (char *)xrealloc(s->word, s->word_cap, "a pre-tokenized word"); }
+    if (n * 4 > s->sym_cap) { s->sym_cap = 2 * n * 4; s->sym = (Symbol *)xrealloc(s->sym, (size_t)s->sym_cap * sizeof(Symbol), "a pre-tokenized word"); }
     if (!s->word || !s->sym) die("out of host memory");
     int wl = 0, ns = 0;
     for (int i = 0; i < n; i++) {
@@ -662,10 +662,10 @@ static void bpe_word(const Tokenizer *t, BpeScratch *s, const uint32_t *cps, int
 // A raw text fragment (no special tokens in it) -> ids.
 static void encode_fragment(const Tokenizer *t, BpeScratch *s, const char *text, size_t len, IdList *out) {
     if (len == 0) return;
-    uint32_t *cps = (uint32_t *)xmalloc(len * 4 + 4);
+    uint32_t *cps = (uint32_t *)xmalloc(len * 4 + 4, "the text's code points");
     int n = utf8_to_cps((const unsigned char *)text, len, cps);
     if (t->nfc) {
-        uint32_t *norm = (uint32_t *)xmalloc(((size_t)n * NFC_MAX_DECOMP + 1) * 4);
+        uint32_t *norm = (uint32_t *)xmalloc(((size_t)n * NFC_MAX_DECOMP + 1) * 4, "the text's NFC form");
         n = nfc(cps, n, norm);
         free(cps);
         cps = norm;
@@ -690,7 +690,7 @@ static int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, in
     // fragments: (start, len, token id or -1 for raw text), refined one special token at a time
     typedef struct { size_t start, len; int id; } Frag;
     int nf = 1, cap = 16;
-    Frag *fr = (Frag *)xmalloc(cap * sizeof(Frag));
+    Frag *fr = (Frag *)xmalloc(cap * sizeof(Frag), "the special-token split");
     fr[0] = (Frag){0, len, -1};
     for (int k = 0; k < t->n_special; k++) {
         int id = t->special[k];
@@ -706,7 +706,7 @@ static int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, in
                 if (base[i] == tx[0] && !memcmp(base + i, tx, tl)) { hit = base + i; break; }
             if (!hit) continue;
             // split: [left][token][right]; continue scanning in right (the next f)
-            if (nf + 2 > cap) { cap = 2 * (nf + 2); fr = (Frag *)realloc(fr, cap * sizeof(Frag)); if (!fr) die("out of host memory"); }
+            if (nf + 2 > cap) { cap = 2 * (nf + 2); fr = (Frag *)xrealloc(fr, cap * sizeof(Frag), "the special-token split"); }
             size_t left = (size_t)(hit - base), right_start = fr[f].start + left + tl, right_len = fr[f].len - left - tl;
             memmove(&fr[f + 3], &fr[f + 1], (size_t)(nf - f - 1) * sizeof(Frag));
             Frag orig = fr[f];
@@ -782,11 +782,11 @@ static void stream_flush(Stream *st) {
 // Ids -> a NUL-terminated malloc'd string (raw bytes, as the tokens hold them).
 static char *tokenizer_decode(const Tokenizer *t, const int *ids, int n, int special, size_t *len_out) {
     size_t cap = 64, len = 0;
-    char *s = (char *)xmalloc(cap);
+    char *s = (char *)xmalloc(cap, "the decoded text");
     for (int i = 0; i < n; i++) {
         int l;
         const char *p = tokenizer_piece(t, ids[i], special, &l);
-        if (len + l + 1 > cap) { cap = 2 * (len + l + 1); s = (char *)realloc(s, cap); if (!s) die("out of host memory"); }
+        if (len + l + 1 > cap) { cap = 2 * (len + l + 1); s = (char *)xrealloc(s, cap, "the decoded text"); }
         memcpy(s + len, p, l);
         len += l;
     }
@@ -802,15 +802,20 @@ static char *tokenizer_decode(const Tokenizer *t, const int *ids, int n, int spe
 // The system turn appears on the first turn only, when given or when the file's template has a
 // default one (Qwen2/2.5). Qwen3/3.5 think before answering; with thinking off their templates
 // open the answer with an empty think block, "<think>\n\n</think>\n\n".
+// *user_at: where the user's text starts in the turn (its length is strlen(user)), so that a caller
+// can read the tags as special tokens and the user's text as plain text (--no-parse-special).
 
-static char *chat_turn(const Tokenizer *t, const char *system, const char *user, int first, int no_think) {
+static char *chat_turn(const Tokenizer *t, const char *system, const char *user, int first, int no_think,
+                       size_t *user_at) {
     const char *sys = system ? system : (first && t->chat_template_default_system[0] ? t->chat_template_default_system : NULL);
     size_t cap = strlen(user) + (sys ? strlen(sys) : 0) + 256;
-    char *s = (char *)xmalloc(cap);
+    char *s = (char *)xmalloc(cap, "a chat turn");
     int n = 0;
     if (!first) n += snprintf(s + n, cap - n, "\n"); // after the previous answer's <|im_end|>
     if (sys && first) n += snprintf(s + n, cap - n, "<|im_start|>system\n%s<|im_end|>\n", sys);
-    n += snprintf(s + n, cap - n, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", user);
+    n += snprintf(s + n, cap - n, "<|im_start|>user\n");
+    *user_at = (size_t)n;
+    n += snprintf(s + n, cap - n, "%s<|im_end|>\n<|im_start|>assistant\n", user);
     if (no_think) snprintf(s + n, cap - n, "<think>\n\n</think>\n\n");
     return s;
 }

@@ -94,7 +94,7 @@ static void kernel_name(const void *func, char *buf, size_t cap) {
 static void per_kernel_table(cudaGraph_t graph, cudaStream_t st, const char *title) {
     size_t n = 0;
     CUDA_CHECK(cudaGraphGetNodes(graph, NULL, &n));
-    cudaGraphNode_t *nodes = (cudaGraphNode_t *)xmalloc(n * sizeof *nodes);
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)xmalloc(n * sizeof *nodes, "the bench");
     CUDA_CHECK(cudaGraphGetNodes(graph, nodes, &n));
     typedef struct { const void *func; int calls; double ms; } Row;
     Row rows[64];

@@ -157,7 +157,7 @@ static void *worker(void *arg) {
         size_t tsz = TYPE_TRAITS[sp->type].type_size, bytes = jb->n_blocks * tsz;
         if (bytes > cap) {
             free(buf);
-            buf = (uint8_t *)xmalloc(bytes);
+            buf = (uint8_t *)xmalloc(bytes, "the model generator");
             cap = bytes;
         }
         uint64_t seed = base_seed ^ ((uint64_t)jb->spec << 32) ^ jb->first_block * 0x9E3779B97F4A7C15ull;
@@ -393,7 +393,7 @@ int main(int argc, char **argv) {
     // jobs of ~16 MB of blocks
     n_jobs = 0;
     int cap = 1024;
-    jobs = (Job *)xmalloc(cap * sizeof(Job));
+    jobs = (Job *)xmalloc(cap * sizeof(Job), "the model generator");
     for (int i = 0; i < n_specs; i++) {
         size_t tsz = TYPE_TRAITS[specs[i].type].type_size, nb = specs[i].nbytes / tsz;
         size_t per = (16u << 20) / tsz;

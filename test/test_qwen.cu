@@ -83,7 +83,7 @@ static char *read_file(const char *path, size_t *len) {
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char *buf = (char *)xmalloc((size_t)n + 1);
+    char *buf = (char *)xmalloc((size_t)n + 1, "a test");
     if (fread(buf, 1, (size_t)n, f) != (size_t)n) { fclose(f); free(buf); return NULL; }
     fclose(f);
     buf[n] = 0;
@@ -447,7 +447,7 @@ static void test_gguf_reader(void) {
     // gguf_open on a missing file / a directory / an empty file
     memset(&g, 0, sizeof g);
     check(gguf_open(&g, "/nonexistent/model.gguf") != 0 && strstr(g.err, "cannot open"), "gguf: missing file is an error");
-    check(gguf_open(&g, "/") != 0 && strstr(g.err, "not a regular file"), "gguf: a directory is an error");
+    check(gguf_open(&g, "/") != 0 && strstr(g.err, "is a directory"), "gguf: a directory is an error");
     char ep[64];
     snprintf(ep, sizeof ep, "/tmp/qwen_test_empty_%d.gguf", (int)getpid());
     write_file(ep, "", 0);
@@ -557,7 +557,7 @@ static void test_step_order(void) {
     for (int ti = 0; ti < 4; ti++) {
         int type = types[ti], n_in = 2048, n_out = 24, n_sub = n_in / 32;
         size_t rb = row_bytes(type, n_in), NB = (size_t)n_sub * n_out, nblk = rb * n_out / TYPE_TRAITS[type].type_size;
-        uint8_t *w = (uint8_t *)xmalloc(rb * n_out), *rows = (uint8_t *)xmalloc(rb * n_out), *steps = (uint8_t *)xmalloc(rb * n_out);
+        uint8_t *w = (uint8_t *)xmalloc(rb * n_out, "a test"), *rows = (uint8_t *)xmalloc(rb * n_out, "a test"), *steps = (uint8_t *)xmalloc(rb * n_out, "a test");
         for (int r = 0; r < n_out; r++) random_row(type, w + r * rb, n_in);
         StepOrder so = {5, 3, n_out / MV_ROWS * (n_sub / 32)}; // 12 units from unit 3 of runs of 5
         repack_c(type, w, rows, nblk, NB, StepOrder{0, 0, 0}, n_sub);
@@ -990,7 +990,7 @@ static void collect_logits(void *ctx, int i, const float *lg) {
 static void run_seq_prompt(Engine *e, const Seq *s, const float *ref, const float *tok, double *kl_ref, double *kl_tok,
                            double *top1) {
     int V = e->m->c.n_vocab;
-    Collect c = {(float *)xmalloc((size_t)s->n * V * 4), V};
+    Collect c = {(float *)xmalloc((size_t)s->n * V * 4, "a test"), V};
     engine_eval(e, s->ids, s->n, 0, 0, collect_logits, &c);
     double a = 0, b = 0;
     int same = 0;
@@ -1053,7 +1053,7 @@ static void test_models(int use_gpu) {
             float *ref = read_f32(path, &rn);
             if (!ref) continue; // a "long" reference this file does not have
             int V = m.c.n_vocab;
-            float *tok = use_gpu ? (float *)xmalloc((size_t)SEQS[s].n * V * 4) : NULL;
+            float *tok = use_gpu ? (float *)xmalloc((size_t)SEQS[s].n * V * 4, "a test") : NULL;
             SeqResult r = run_seq(&e, &SEQS[s], ref, rn, tok);
             if (use_gpu && r.ok) {
                 double tol = is_float_type(mf[i].type) ? 5e-5 : 1e-3;
@@ -1421,7 +1421,7 @@ static void test_cli(void) {
         {"--tokens 1a names the whole argument", M "--cpu --tokens 1a", "--tokens '1a'"},
         {"--temp past a float's range", M "--cpu --tokens 1 --temp 1e40", "out of range"},
         {"-f of a directory says why", M "--cpu -f / -n 1", "Is a directory"},
-        {"--system without --chat", M "--cpu -p hi --system x", "add --chat"},
+        {"--system without --chat", M "--cpu -p hi --system x", "--system does not apply to generation (-p, -f or --tokens) (it applies to: --chat)"},
     };
 #undef M
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1694,6 +1694,261 @@ static void test_cli(void) {
     }
 }
 
+// The prompt tokens of a run, from its "prompt eval time = ... / N tokens" line; -1 without one.
+static int prompt_tokens(const char *out) {
+    const char *p = strstr(out, "prompt eval time");
+    p = p ? strchr(p, '/') : NULL;
+    return p ? atoi(p + 1) : -1;
+}
+
+// What a new user tried (issue "Tried again as a new user would"): each row of that table, and
+// the family it belongs to: outputs against inputs, signals, flags that do not apply, allocations
+// that name their purpose.
+static void test_cli_user(void) {
+    if (access(QWEN, X_OK) != 0) { check(0, "cli-user: the qwen binary is built"); return; }
+    static char m[512], m2[512], voc[512], txt[512], out[1 << 16];
+    snprintf(m, sizeof m, "%s/tiny-qwen3/tiny-qwen3-q4_0.gguf", DATA);
+    snprintf(m2, sizeof m2, "%s/tiny-qwen2/tiny-qwen2-q8_0.gguf", DATA);
+    snprintf(voc, sizeof voc, "%s/tokenizer/vocab-qwen2.gguf", DATA);
+    snprintf(txt, sizeof txt, "%s/greedy.jsonl", DATA);
+    if (!need_fixture(m, "cli-user tests (on tiny-qwen3-q4_0)")) return;
+    char dir[256], cmd[4096], mc[512], link[512], f[512];
+    snprintf(dir, sizeof dir, "/tmp/qwen_user_%d", (int)getpid());
+    mkdir(dir, 0700);
+    size_t len;
+    char *model = read_file(m, &len);
+    snprintf(mc, sizeof mc, "%s/m.gguf", dir);
+    write_file(mc, model, len);
+    snprintf(link, sizeof link, "%s/link.gguf", dir);
+    check(symlink(mc, link) == 0, "cli-user: a symbolic link to the model copy");
+
+    // 1. an output path that is an input: refused before anything is opened, the model intact
+    {
+        const char *outs[4][2] = {{"--dump-logits", mc}, {"--dump-logits", link},
+                                  {"-f TXT --kl-divergence-base", mc}, {"--dump-logits", txt}};
+        for (int k = 0; k < 4; k++) {
+            const char *inflag = k == 3 ? "-f" : "-p hi -n 1";
+            if (k == 2) inflag = "";
+            char args[1024];
+            snprintf(args, sizeof args, "%s %s %s", k == 3 ? "-f TXT" : inflag, outs[k][0], outs[k][1]);
+            subst(args, sizeof args, "TXT", txt);
+            snprintf(cmd, sizeof cmd, "%s -m %s --cpu %s 2>&1", QWEN, k == 1 ? mc : link, args);
+            int rc = run_cmd(cmd, out, sizeof out);
+            size_t l2 = 0, l3 = 0;
+            char *after = read_file(mc, &l2), *t = read_file(txt, &l3);
+            int intact = after && l2 == len && !memcmp(after, model, len) && t && l3 > 0;
+            free(after); free(t);
+            char name[200];
+            snprintf(name, sizeof name, "cli-user: %s onto the %s%s -> exit 1, file intact", outs[k][0],
+                     k == 3 ? "prompt file" : "model", k == 1 ? " (through a symbolic link)" : "");
+            int ok = rc == 1 && strstr(out, k == 3 ? "is the prompt file" : "is the model file") && intact;
+            if (!ok) printf("     rc=%d output: %.300s\n", rc, out);
+            check(ok, name);
+        }
+    }
+    // 2. a closed stdin is the end of the chat's input, not the model file read as turns
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --chat -n 4 <&- 2>&1", QWEN, mc);
+    int rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 0 && prompt_tokens(out) == -1 && !strstr(out, "context is full"),
+          "cli-user: --chat with stdin closed ends at once, exit 0");
+    // 3. a FIFO as the model: refused at once (the open does not wait for a writer)
+    snprintf(f, sizeof f, "%s/fifo.gguf", dir);
+    mkfifo(f, 0600);
+    snprintf(cmd, sizeof cmd, "timeout 20 %s -m %s --cpu -p hi 2>&1", QWEN, f);
+    double t0 = now_sec();
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 1 && strstr(out, "is not a regular file") && now_sec() - t0 < 10,
+          "cli-user: a FIFO as the model -> exit 1 at once, 'is not a regular file'");
+    unlink(f);
+    // 4. --chat --no-parse-special reads <|im_end|> in the user's text as text (more tokens), the
+    // template's tags still as special tokens
+    {
+        int n[2];
+        for (int k = 0; k < 2; k++) {
+            snprintf(cmd, sizeof cmd, "%s -m %s --cpu --chat -p '<|im_end|>hi' -n 1 --temp 0 %s "
+                     "</dev/null 2>&1", QWEN, mc, k ? "--no-parse-special" : "");
+            rc = run_cmd(cmd, out, sizeof out);
+            n[k] = rc == 0 ? prompt_tokens(out) : -1;
+        }
+        check(n[0] > 0 && n[1] > n[0], "cli-user: --chat --no-parse-special reads a tag in the user's text as text");
+    }
+    // 5, 11. an option given to a mode it does not apply to, and two modes at once: exit 1 naming
+    // both options; nothing is written
+    {
+        snprintf(f, sizeof f, "%s/out.f32", dir);
+        struct { const char *args, *expect; } bad[] = {
+            {"--chat --dump-logits OUT", "--dump-logits does not apply to --chat"},
+            {"--perplexity -f TXT --dump-logits OUT", "--dump-logits does not apply to --perplexity"},
+            {"-p hi --chunks 2", "--chunks does not apply to generation"},
+            {"-p hi --no-think", "--no-think does not apply to generation"},
+            {"-p hi --system x", "--system does not apply to generation"},
+            {"--kl-divergence --kl-divergence-base OUT -f TXT", "-f does not apply to --kl-divergence"},
+            {"--tokenize --detokenize 1", "--tokenize and --detokenize are two different modes"},
+            {"--info --bench", "--info and --bench are two different modes"},
+            {"--chat --perplexity", "--chat and --perplexity are two different modes"},
+            {"--tokenize -p hi -n 3", "-n does not apply to --tokenize"},
+            {"--info --temp 0", "--temp does not apply to --info"},
+            {"--detokenize 1 -c 8", "-c does not apply to --detokenize"},
+            {"-p hi -b 4", "-b does not apply to --cpu"},
+            {"--info --vram-limit nan", "--vram-limit 'nan'"},
+            {"--info --vram-limit inf", "--vram-limit 'inf'"},
+            {"--info --vram-limit 16", "--vram-limit '16': expected a size with its unit"},
+        };
+        int good = 1;
+        for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            char args[512];
+            snprintf(args, sizeof args, "%s", bad[k].args);
+            subst(args, sizeof args, "OUT", f);
+            subst(args, sizeof args, "TXT", txt);
+            snprintf(cmd, sizeof cmd, "%s -m %s %s %s 2>&1", QWEN, mc, k == 12 ? "--cpu" : "", args);
+            rc = run_cmd(cmd, out, sizeof out);
+            int ok = rc == 1 && strstr(out, bad[k].expect) && access(f, F_OK) != 0;
+            if (!ok) printf("     %s: rc=%d output: %.300s\n", bad[k].args, rc, out);
+            good &= ok;
+        }
+        check(good, "cli-user: 16 options given to a mode they do not apply to, or two modes -> exit 1 naming both");
+        // --no-think on a model without a thinking phase (qwen2)
+        if (need_fixture(m2, "cli-user: --no-think on qwen2")) {
+            snprintf(cmd, sizeof cmd, "%s -m %s --cpu --chat --no-think -p hi 2>&1", QWEN, m2);
+            rc = run_cmd(cmd, out, sizeof out);
+            check(rc == 1 && strstr(out, "--no-think does not apply to a qwen2 model"), "cli-user: --no-think on qwen2 -> exit 1");
+        }
+    }
+    // 6. a signal during --dump-logits deletes the partial file, as an error does: SIGXFSZ at a
+    // 4 KiB file-size limit (deterministic), and SIGTERM once the first rows are written
+    {
+        snprintf(f, sizeof f, "%s/dump.f32", dir);
+        snprintf(cmd, sizeof cmd, "ulimit -f 4; %s -m %s --cpu -f %s -n 0 --dump-logits %s >/dev/null 2>&1; echo status=$?",
+                 QWEN, mc, txt, f);
+        run_cmd(cmd, out, sizeof out);
+        check(strstr(out, "status=153") && access(f, F_OK) != 0, "cli-user: SIGXFSZ during --dump-logits: no partial file left, status 128+25");
+        if (strstr(out, "status=153") == NULL) printf("     output: %.200s\n", out);
+        snprintf(cmd, sizeof cmd, "exec 2>/dev/null; %s -m %s --cpu -f %s -n 0 --dump-logits %s >/dev/null & p=$!; "
+                 "while [ ! -s %s ] && kill -0 $p 2>/dev/null; do sleep 0.01; done; kill -TERM $p; wait $p; "
+                 "echo status=$?", QWEN, mc, txt, f, f);
+        run_cmd(cmd, out, sizeof out);
+        check(strstr(out, "status=143") && access(f, F_OK) != 0, "cli-user: SIGTERM during --dump-logits: no partial file left, status 128+15");
+        if (strstr(out, "status=143") == NULL) printf("     output: %.200s\n", out);
+        unlink(f);
+    }
+    // 7. run.sh from another directory takes the caller's paths; a flag right after the model
+    // keeps the default prompt
+    {
+        char cwd[1024];
+        if (getcwd(cwd, sizeof cwd)) {
+            snprintf(cmd, sizeof cmd, "cd %s && %s/run.sh m.gguf 'Hi' -n 2 --temp 0 --seed 1 2>&1", dir, cwd);
+            rc = run_cmd(cmd, out, sizeof out);
+            check(rc == 0, "cli-user: run.sh MODEL from the model's directory (a relative path) runs");
+            if (rc) printf("     rc=%d output: %.300s\n", rc, out);
+            snprintf(cmd, sizeof cmd, "cd %s && %s/run.sh m.gguf --seed 42 -n 2 2>&1", dir, cwd);
+            rc = run_cmd(cmd, out, sizeof out);
+            check(rc == 0 && strstr(out, "seed 42"), "cli-user: run.sh MODEL --seed 42: the flag after the model, the default prompt");
+            if (rc) printf("     rc=%d output: %.300s\n", rc, out);
+        }
+    }
+    // 8. a directory as the KL-divergence base
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --kl-divergence --kl-divergence-base %s/ 2>&1", QWEN, mc, dir);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 1 && strstr(out, "is a directory"), "cli-user: a directory as the KL-divergence base -> 'is a directory'");
+    // 9. a flag that took the next flag as its value names both; an unknown option prints no usage
+    {
+        const char *args[3] = {"-p -n 3", "-m -p hi", "--bogus"};
+        const char *want[3] = {"option -p needs a value, but the next argument '-n' is an option",
+                               "option -m needs a value, but the next argument '-p' is an option",
+                               "unknown option '--bogus' (qwen --help lists the options)"};
+        int good = 1;
+        for (int k = 0; k < 3; k++) {
+            snprintf(cmd, sizeof cmd, "%s %s %s --cpu %s 2>&1", QWEN, k == 1 ? "" : "-m", k == 1 ? "" : mc, args[k]);
+            rc = run_cmd(cmd, out, sizeof out);
+            int ok = rc == 1 && strstr(out, want[k]) && !strstr(out, "usage:");
+            if (!ok) printf("     %s: rc=%d output: %.300s\n", args[k], rc, out);
+            good &= ok;
+        }
+        check(good, "cli-user: -p -n 3, -m -p hi, --bogus name the option at fault, no usage text");
+    }
+    // 10. a vocabulary-only file in a mode that runs a model
+    if (need_fixture(voc, "cli-user: vocabulary-only file")) {
+        const char *modes[3] = {"-p hi", "--chat", "--perplexity -f TXT"};
+        int good = 1;
+        for (int k = 0; k < 3; k++) {
+            char args[512];
+            snprintf(args, sizeof args, "%s", modes[k]);
+            subst(args, sizeof args, "TXT", txt);
+            snprintf(cmd, sizeof cmd, "%s -m %s --cpu %s </dev/null 2>&1", QWEN, voc, args);
+            rc = run_cmd(cmd, out, sizeof out);
+            good &= rc == 1 && strstr(out, "is a vocabulary-only file") && strstr(out, "vocab-qwen2.gguf");
+            if (rc != 1) printf("     rc=%d output: %.300s\n", rc, out);
+        }
+        check(good, "cli-user: a vocabulary-only file with -p, --chat, --perplexity -> names the file and what applies");
+    }
+    // 12. two runs without --seed, started back to back, draw different seeds
+    {
+        char s1[64] = "", s2[64] = "";
+        for (int k = 0; k < 2; k++) {
+            snprintf(cmd, sizeof cmd, "%s -m %s --cpu -p hi -n 1 2>&1", QWEN, mc);
+            run_cmd(cmd, out, sizeof out);
+            const char *p = strstr(out, "seed ");
+            snprintf(k ? s2 : s1, 64, "%.20s", p ? p + 5 : "");
+        }
+        check(s1[0] && s2[0] && strcmp(s1, s2) != 0, "cli-user: two runs without --seed in the same second draw different seeds");
+    }
+    // 13. an allocation that fails names what it was for: -c past memory on a file that claims a
+    // 2^31 context (the --cpu KV cache), -f /dev/zero (the prompt file, stopped at 1 GiB)
+    {
+        GGUF g;
+        uint8_t *copy = (uint8_t *)read_file(m, &len);
+        const GGUFKV *kv = parse_image(&g, copy, len) == 0 ? gguf_find(&g, "qwen3.context_length") : NULL;
+        size_t off = kv && kv->type == GGUF_TYPE_U32 ? (size_t)(kv->data - copy) : 0;
+        gguf_close(&g);
+        uint32_t big = 0x7fffffffu;
+        if (off) memcpy(copy + off, &big, 4);
+        snprintf(f, sizeof f, "%s/bigctx.gguf", dir);
+        write_file(f, copy, len);
+        free(copy);
+        snprintf(cmd, sizeof cmd, "ulimit -v 4000000; %s -m %s --cpu -c 100000000 -p hi -n 1 2>&1", QWEN, f);
+        rc = run_cmd(cmd, out, sizeof out);
+        check(off && rc == 1 && strstr(out, "out of host memory: the --cpu path's fp32 KV cache for -c 100000000 (lower -c)"),
+              "cli-user: -c 100000000 past host memory -> names the --cpu KV cache and -c");
+        if (rc != 1) printf("     rc=%d output: %.300s\n", rc, out);
+        unlink(f);
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu -f /dev/zero -n 1 2>&1", QWEN, mc);
+        rc = run_cmd(cmd, out, sizeof out);
+        check(rc == 1 && strstr(out, "-f '/dev/zero' holds 1 GiB or more"), "cli-user: -f /dev/zero -> stopped at 1 GiB, names -f");
+    }
+    // 14. -t with --cpu: the note fits the CPU path
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu -t 4 -p hi -n 1 2>&1", QWEN, mc);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 0 && strstr(out, "the --cpu path runs on one thread") && !strstr(out, "whole model on the GPU"),
+          "cli-user: --cpu -t 4: the note says the CPU path runs on one thread");
+    // 15. --chat's help says how to leave and where a long prompt goes
+    snprintf(cmd, sizeof cmd, "%s --help", QWEN);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 0 && strstr(out, "Ctrl-D") && strstr(out, "4095 bytes"), "cli-user: --help: Ctrl-D ends the chat, long prompts in -f");
+    // a chat answer cut by -n says so
+    snprintf(cmd, sizeof cmd, "printf 'hello\\n' | %s -m %s --cpu --chat -n 1 --temp 0 2>&1", QWEN, mc);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 0 && strstr(out, "reached -n 1 tokens"), "cli-user: a chat answer cut by -n says so");
+    // a vocabulary without the ChatML tokens cannot chat
+    {   // the model copy with its <|im_start|> renamed, in place (the same length)
+        char *copy = (char *)memcpy(xmalloc(len, "a test"), model, len), *at = NULL;
+        for (size_t i = 0; i + 12 <= len && !at; i++)
+            if (!memcmp(copy + i, "<|im_start|>", 12)) at = copy + i;
+        if (at) at[5] = 'X';
+        snprintf(f, sizeof f, "%s/nochatml.gguf", dir);
+        write_file(f, copy, len);
+        free(copy);
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --chat -p hi 2>&1", QWEN, f);
+        rc = run_cmd(cmd, out, sizeof out);
+        check(rc == 1 && strstr(out, "no ChatML tokens"), "cli-user: --chat on a vocabulary without ChatML tokens -> exit 1");
+        if (rc != 1) printf("     rc=%d output: %.300s\n", rc, out);
+        unlink(f);
+    }
+    unlink(link);
+    unlink(mc);
+    rmdir(dir);
+    free(model);
+}
+
 // =================================================================================================
 // Tokenizer: reference ids from Hugging Face tokenizers and llama.cpp's vectors, round trips, NFC
 // =================================================================================================
@@ -1753,9 +2008,9 @@ static void print_ids_diff(const char *what, const int *got, int ng, const int *
 
 // NFC of a UTF-8 string with the tokenizer's normalizer
 static char *nfc_utf8(const char *s, size_t len, size_t *out_len) {
-    uint32_t *c = (uint32_t *)xmalloc(len * 4 + 4), *d = (uint32_t *)xmalloc((len * NFC_MAX_DECOMP + 1) * 4);
+    uint32_t *c = (uint32_t *)xmalloc(len * 4 + 4, "a test"), *d = (uint32_t *)xmalloc((len * NFC_MAX_DECOMP + 1) * 4, "a test");
     int n = nfc(c, utf8_to_cps((const unsigned char *)s, len, c), d);
-    char *o = (char *)xmalloc((size_t)n * 4 + 1);
+    char *o = (char *)xmalloc((size_t)n * 4 + 1, "a test");
     size_t k = 0;
     for (int i = 0; i < n; i++) k += cp_to_utf8(d[i], o + k);
     o[k] = 0;
@@ -1767,7 +2022,7 @@ static char *nfc_utf8(const char *s, size_t len, size_t *out_len) {
 // llama.cpp's vector files: one line of blank-separated ids per case (an empty line: no ids)
 static int parse_space_ids(const char *s, int **out) {
     int n = 0, cap = 16;
-    int *ids = (int *)xmalloc(cap * sizeof(int));
+    int *ids = (int *)xmalloc(cap * sizeof(int), "a test");
     for (char *end; *s; s = end) {
         long v = strtol(s, &end, 10);
         if (end == s) break;
@@ -1845,7 +2100,7 @@ static void test_utf8_bounds(void) {
     report(worst == NFC_MAX_DECOMP, name, worst, NFC_MAX_DECOMP);
     // U+1F82 x 200 and a combining acute accent (no quick path): 801 code points before composing
     const int reps = 200;
-    uint32_t *in = (uint32_t *)xmalloc((reps + 1) * 4), *out = (uint32_t *)xmalloc(((size_t)(reps + 1) * NFC_MAX_DECOMP + 1) * 4);
+    uint32_t *in = (uint32_t *)xmalloc((reps + 1) * 4, "a test"), *out = (uint32_t *)xmalloc(((size_t)(reps + 1) * NFC_MAX_DECOMP + 1) * 4, "a test");
     for (int i = 0; i < reps; i++) in[i] = 0x1f82;
     in[reps] = 0x301;
     int n = nfc(in, reps + 1, out), same = n == reps + 1;
@@ -1994,10 +2249,12 @@ static void test_tokenizer(void) {
         check(tokenizer_is_eog(&t, t.im_end_id) && tokenizer_is_eog(&t, tok_id(&t, "<|endoftext|>")) && !tokenizer_is_eog(&t, 9707),
               "tokenizer: <|im_end|> and <|endoftext|> end generation");
         {
-            char *turn = chat_turn(&t, "Be brief.", "Hi", 1, 0), *turn2 = chat_turn(&t, NULL, "More", 0, 1);
+            size_t at, at2;
+            char *turn = chat_turn(&t, "Be brief.", "Hi", 1, 0, &at), *turn2 = chat_turn(&t, NULL, "More", 0, 1, &at2);
             check(!strcmp(turn, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n") &&
-                  !strcmp(turn2, "\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"),
-                  "tokenizer: ChatML turns (system, next turn, thinking off)");
+                  !strcmp(turn2, "\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n") &&
+                  !strncmp(turn + at, "Hi<|im_end|>", 12) && !strncmp(turn2 + at2, "More<|im_end|>", 14),
+                  "tokenizer: ChatML turns (system, next turn, thinking off; where the user's text starts)");
             free(turn); free(turn2);
         }
         // streaming: feeding one token at a time never leaves a partial UTF-8 sequence on the output
@@ -2090,10 +2347,10 @@ static void test_tokenizer(void) {
 // decoder would agree with it.
 static void test_kld_record(void) {
     const int V = 5000;
-    float *lg = (float *)xmalloc(V * 4);
+    float *lg = (float *)xmalloc(V * 4, "a test");
     for (int i = 0; i < V; i++) lg[i] = nrand() * 6.0f; // a range of ~50: some values below max - 16
     lg[123] = 21.0f;
-    uint16_t *rec = (uint16_t *)xcalloc(kld_record_words(V), 2);
+    uint16_t *rec = (uint16_t *)xcalloc(kld_record_words(V), 2, "a test");
     kld_encode(lg, V, rec);
     double mx = -INFINITY, sum = 0;
     for (int i = 0; i < V; i++) mx = fmax(mx, lg[i]);
@@ -2114,7 +2371,7 @@ static void test_kld_record(void) {
     report(e <= 0.5 + 1e-2 && clamped > 0 && bad_clamp == 0,
            "kl-divergence base record: each log-prob within half a uint16 step, below max-16 stored as 0: steps", e, 0.51);
     // and the engine's decoder of that record, against the log-probabilities computed here
-    double *lpd = (double *)xmalloc(V * sizeof(double)), ed = 0;
+    double *lpd = (double *)xmalloc(V * sizeof(double), "a test"), ed = 0;
     kld_decode(rec, V, lpd);
     for (int i = 0; i < V; i++)
         if (lg[i] >= mx - 16) ed = worse(ed, fabs(lpd[i] - (lg[i] - lse)) / scale);
@@ -2153,7 +2410,7 @@ static void test_perplexity(void) {
     snprintf(path, sizeof path, "%s/tiny-qwen3/tiny-qwen3-q4_0-long.f32", DATA);
     float *refq = read_f32(path, &qn);
     int V = mf.c.n_vocab;
-    double nll = 0, kl = 0, *lp = (double *)xmalloc(V * sizeof(double)), *lq = (double *)xmalloc(V * sizeof(double));
+    double nll = 0, kl = 0, *lp = (double *)xmalloc(V * sizeof(double), "a test"), *lq = (double *)xmalloc(V * sizeof(double), "a test");
     for (int j = n_ctx / 2; j <= n_ctx - 2; j++) {
         log_softmax(ref + (size_t)j * V, V, lp);
         log_softmax(refq + (size_t)j * V, V, lq);
@@ -2177,8 +2434,8 @@ static void test_perplexity(void) {
         // Against itself the KLD is what the u16 format leaves: log-probabilities in steps of at most
         // 16/65535 nats, clamped 16 nats below the top. Work that floor out from the exact logits; the
         // measured KLD must be that and nothing more.
-        double floor_kl = 0, *lb = (double *)xmalloc(V * sizeof(double));
-        uint16_t *rec = (uint16_t *)xmalloc(kld_record_words(V) * 2);
+        double floor_kl = 0, *lb = (double *)xmalloc(V * sizeof(double), "a test");
+        uint16_t *rec = (uint16_t *)xmalloc(kld_record_words(V) * 2, "a test");
         for (int j = n_ctx / 2; j <= n_ctx - 2; j++) {
             kld_encode(ref + (size_t)j * V, V, rec);
             kld_decode(rec, V, lb);
@@ -2393,7 +2650,7 @@ static void *dcopy(const void *h, size_t n) {
 // host copy of a quantized vector, from the C twin
 typedef struct { int n; int8_t *H, *L; float *s; int *sum; } HostXQ;
 static HostXQ quantize_host(const float *x, int n) {
-    HostXQ h = {n, (int8_t *)xmalloc(n), (int8_t *)xmalloc(n), (float *)xmalloc(n / 32 * 4), (int *)xmalloc(n / 32 * 4)};
+    HostXQ h = {n, (int8_t *)xmalloc(n, "a test"), (int8_t *)xmalloc(n, "a test"), (float *)xmalloc(n / 32 * 4, "a test"), (int *)xmalloc(n / 32 * 4, "a test")};
     for (int b = 0; b < n / 32; b++) quantize_block_c(x + 32 * b, h.H + 32 * b, h.L + 32 * b, &h.s[b], &h.sum[b]);
     return h;
 }
@@ -2401,7 +2658,7 @@ static void free_hxq(HostXQ *h) { free(h->H); free(h->L); free(h->s); free(h->su
 // the device layout: chunk c of block b at q[c * nb + b]
 static XQ upload_xq(const HostXQ *h) {
     int nb = h->n / 32;
-    int8_t *q = (int8_t *)xmalloc((size_t)nb * 64);
+    int8_t *q = (int8_t *)xmalloc((size_t)nb * 64, "a test");
     for (int b = 0; b < nb; b++)
         for (int c = 0; c < 4; c++) memcpy(q + ((size_t)c * nb + b) * 16, (c < 2 ? h->H : h->L) + 32 * b + 16 * (c % 2), 16);
     XQ x = {(int4 *)dcopy(q, (size_t)nb * 64), (float *)dcopy(h->s, nb * 4u), (int *)dcopy(h->sum, nb * 4u)};
@@ -2413,7 +2670,7 @@ static XQ upload_xq(const HostXQ *h) {
 // unwritten then fails its check instead of passing on what the test put there.
 static XQ upload_junk_xq(int n) {
     static uint64_t jr = 0x5eed0f7e57ull;
-    float *x = (float *)xmalloc((size_t)n * 4);
+    float *x = (float *)xmalloc((size_t)n * 4, "a test");
     for (int i = 0; i < n; i++) x[i] = (rng_f32(&jr) - 0.5f) * 7.0f;
     HostXQ h = quantize_host(x, n);
     XQ d = upload_xq(&h);
@@ -2423,8 +2680,8 @@ static XQ upload_junk_xq(int n) {
 }
 static HostXQ download_xq(XQ x, int n) {
     int nb = n / 32;
-    HostXQ h = {n, (int8_t *)xmalloc(n), (int8_t *)xmalloc(n), (float *)xmalloc(nb * 4u), (int *)xmalloc(nb * 4u)};
-    int8_t *q = (int8_t *)xmalloc((size_t)nb * 64);
+    HostXQ h = {n, (int8_t *)xmalloc(n, "a test"), (int8_t *)xmalloc(n, "a test"), (float *)xmalloc(nb * 4u, "a test"), (int *)xmalloc(nb * 4u, "a test")};
+    int8_t *q = (int8_t *)xmalloc((size_t)nb * 64, "a test");
     CUDA_CHECK(cudaMemcpy(q, x.q, (size_t)nb * 64, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(h.s, x.s, nb * 4u, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(h.sum, x.sum, nb * 4u, cudaMemcpyDeviceToHost));
@@ -2461,7 +2718,7 @@ static int upload_like_engine(Tensor *W) {
                                                             b0, n, NB, W->so, n_sub);
         KERNEL_CHECK();
     }
-    uint8_t *got = (uint8_t *)xmalloc(W->nbytes), *want = (uint8_t *)xmalloc(W->nbytes);
+    uint8_t *got = (uint8_t *)xmalloc(W->nbytes, "a test"), *want = (uint8_t *)xmalloc(W->nbytes, "a test");
     CUDA_CHECK(cudaMemcpy(got, planes, W->nbytes, cudaMemcpyDeviceToHost));
     repack_c(W->type, W->host, want, nblk, NB, W->so, n_sub);
     int same = !memcmp(got, want, W->nbytes);
@@ -2508,7 +2765,7 @@ __global__ void quantize_kernel(XQ xq, const float *x /* (n) */, int n) {
 static void test_gpu_quantize(void) {
     const char *name = "gpu quantize_kernel vs quantize_block_c: bit-identical";
     const int n = 4096;
-    float *x = (float *)xmalloc(n * 4);
+    float *x = (float *)xmalloc(n * 4, "a test");
     random_act(x, n);
     for (int i = 64; i < 96; i++) x[i] = 0.0f;     // an all-zero block
     x[200] = 1e6f; x[300] = -3e-8f;               // extremes
@@ -2525,7 +2782,7 @@ static void test_gpu_quantize(void) {
     if (!HAVE_GPU) { skip(name, "no GPU"); free_hxq(&want); free(x); return; }
     float *dx = (float *)dcopy(x, n * 4);
     // the output starts as another vector's blocks, so that blocks the kernel leaves alone show
-    float *y = (float *)xmalloc(n * 4);
+    float *y = (float *)xmalloc(n * 4, "a test");
     random_act(y, n);
     HostXQ other = quantize_host(y, n);
     XQ dq = upload_xq(&other);
@@ -2567,13 +2824,13 @@ static void test_gpu_matvec(void) {
             if (TYPE_TRAITS[type].blck == 1) n_in += 13; // float types: rows of any length
             if (fast && n_in % 32) continue;
             size_t rb = row_bytes(type, n_in);
-            uint8_t *w = (uint8_t *)xmalloc(rb * n_out);
+            uint8_t *w = (uint8_t *)xmalloc(rb * n_out, "a test");
             for (int64_t r = 0; r < n_out; r++) random_row(type, w + r * rb, n_in);
-            float *x = (float *)xmalloc(n_in * 4), *bias = (float *)xmalloc(n_out * 4);
-            float *y0 = (float *)xmalloc(n_out * 4), *y_ref = (float *)xmalloc(n_out * 4), *y = (float *)xmalloc(n_out * 4);
-            float *y_exact = (float *)xmalloc(n_out * 4);
-            double *scale = (double *)xmalloc(n_out * sizeof(double));
-            float *row = (float *)xmalloc(n_in * 4);
+            float *x = (float *)xmalloc(n_in * 4, "a test"), *bias = (float *)xmalloc(n_out * 4, "a test");
+            float *y0 = (float *)xmalloc(n_out * 4, "a test"), *y_ref = (float *)xmalloc(n_out * 4, "a test"), *y = (float *)xmalloc(n_out * 4, "a test");
+            float *y_exact = (float *)xmalloc(n_out * 4, "a test");
+            double *scale = (double *)xmalloc(n_out * sizeof(double), "a test");
+            float *row = (float *)xmalloc(n_in * 4, "a test");
             random_act(x, (int)n_in);
             for (int64_t i = 0; i < n_out; i++) { bias[i] = nrand(); y0[i] = nrand(); }
             HostXQ hq;
@@ -2628,7 +2885,7 @@ static void test_gpu_gate_up(void) {
         if (!HAVE_GPU) { skip(name, "no GPU"); continue; }
         const int n_in = 512, n_ff = 96;
         size_t rb = row_bytes(type, n_in);
-        uint8_t *wg = (uint8_t *)xmalloc(rb * n_ff), *wu = (uint8_t *)xmalloc(rb * n_ff);
+        uint8_t *wg = (uint8_t *)xmalloc(rb * n_ff, "a test"), *wu = (uint8_t *)xmalloc(rb * n_ff, "a test");
         for (int r = 0; r < n_ff; r++) { random_row(type, wg + r * rb, n_in); random_row(type, wu + r * rb, n_in); }
         float x[n_in], g[n_ff], u[n_ff], h[n_ff], got[n_ff], row[n_in];
         random_act(x, n_in);
@@ -2681,16 +2938,16 @@ static void test_gpu_qkv_batch(void) {
     float *bias[3], *dbias[3], *dy[3], *ref[3], *got[3];
     for (int i = 0; i < 3; i++) {
         size_t rb = row_bytes(types[i], n_in);
-        w[i] = (uint8_t *)xmalloc(rb * n_out[i]);
+        w[i] = (uint8_t *)xmalloc(rb * n_out[i], "a test");
         for (int r = 0; r < n_out[i]; r++) random_row(types[i], w[i] + r * rb, n_in);
         W[i] = (Tensor){"w", types[i], n_in, n_out[i], w[i], rb * n_out[i], NULL, 0};
         upload_like_engine(&W[i]);
-        bias[i] = (float *)xmalloc(n_out[i] * 4);
+        bias[i] = (float *)xmalloc(n_out[i] * 4, "a test");
         for (int r = 0; r < n_out[i]; r++) bias[i][r] = nrand();
         dbias[i] = (float *)dcopy(bias[i], n_out[i] * 4);
         CUDA_CHECK(cudaMalloc(&dy[i], n_out[i] * 4));
-        ref[i] = (float *)xmalloc(n_out[i] * 4);
-        got[i] = (float *)xmalloc(n_out[i] * 4);
+        ref[i] = (float *)xmalloc(n_out[i] * 4, "a test");
+        got[i] = (float *)xmalloc(n_out[i] * 4, "a test");
         matvec_xq_c(&W[i], hq.H, hq.L, hq.s, bias[i], ref[i], 0, row);
     }
     matvec_qkv(&W[0], &W[1], &W[2], dbias[0], dbias[1], dbias[2], &in, dy[0], dy[1], dy[2], 0);
@@ -2813,20 +3070,20 @@ static void test_gpu_small_kernels(void) {
     const int cfg[4][3] = {{6, 2, 64}, {8, 1, 128}, {12, 2, 256}, {4, 2, 192}};
     for (int ci = 0; ci < 4; ci++) {
         int n_head = cfg[ci][0], n_kv = cfg[ci][1], hd = cfg[ci][2], n_ctx = 300, gated = ci == 2; // qwen35-like
-        float *gate = (float *)xmalloc((size_t)n_head * 2 * hd * 4);
+        float *gate = (float *)xmalloc((size_t)n_head * 2 * hd * 4, "a test");
         for (int i = 0; i < n_head * 2 * hd; i++) gate[i] = nrand() * 2;
         float *dgate = (float *)dcopy(gate, (size_t)n_head * 2 * hd * 4) + hd; // gate half of [q | gate]
         int n_split = att_splits(n_ctx, hd); // the engine's: one chunk per split here; 2 splits: several each
         attention_setup(n_head, n_kv, hd);
         size_t csz = (size_t)n_ctx * n_kv * hd;
-        __half *hk = (__half *)xmalloc(csz * 2), *hv = (__half *)xmalloc(csz * 2);
-        float *fk = (float *)xmalloc(csz * 4), *fv = (float *)xmalloc(csz * 4);
+        __half *hk = (__half *)xmalloc(csz * 2, "a test"), *hv = (__half *)xmalloc(csz * 2, "a test");
+        float *fk = (float *)xmalloc(csz * 4, "a test"), *fv = (float *)xmalloc(csz * 4, "a test");
         for (size_t i = 0; i < csz; i++) {
             hk[i] = __float2half(nrand()); hv[i] = __float2half(nrand());
             fk[i] = __half2float(hk[i]); fv[i] = __half2float(hv[i]);
         }
-        float *q = (float *)xmalloc(n_head * hd * 4), *out = (float *)xmalloc(n_head * hd * 4);
-        float *ref = (float *)xmalloc(n_head * hd * 4), att[300];
+        float *q = (float *)xmalloc(n_head * hd * 4, "a test"), *out = (float *)xmalloc(n_head * hd * 4, "a test");
+        float *ref = (float *)xmalloc(n_head * hd * 4, "a test"), att[300];
         for (int i = 0; i < n_head * hd; i++) q[i] = nrand() * 2;
         __half *dk = (__half *)dcopy(hk, csz * 2), *dv = (__half *)dcopy(hv, csz * 2);
         float *dq = (float *)dcopy(q, n_head * hd * 4), *po, *pml;
@@ -2868,9 +3125,9 @@ static void test_gpu_small_kernels(void) {
         // to fp16, as the RoPE kernel's test does), then attention_c.
         {
             int stride = gated ? 2 * hd : hd, n_rot = gated ? hd / 4 : hd, use_norm = ci >= 1;
-            float *qsrc = (float *)xmalloc((size_t)n_head * stride * 4), *qr = (float *)xmalloc(n_head * hd * 4);
-            float *k = (float *)xmalloc(n_kv * hd * 4), *v = (float *)xmalloc(n_kv * hd * 4);
-            float *kr = (float *)xmalloc(n_kv * hd * 4), *qn = (float *)xmalloc(hd * 4), *kn = (float *)xmalloc(hd * 4);
+            float *qsrc = (float *)xmalloc((size_t)n_head * stride * 4, "a test"), *qr = (float *)xmalloc(n_head * hd * 4, "a test");
+            float *k = (float *)xmalloc(n_kv * hd * 4, "a test"), *v = (float *)xmalloc(n_kv * hd * 4, "a test");
+            float *kr = (float *)xmalloc(n_kv * hd * 4, "a test"), *qn = (float *)xmalloc(hd * 4, "a test"), *kn = (float *)xmalloc(hd * 4, "a test");
             for (int i = 0; i < hd; i++) { qn[i] = 1 + nrand() * 0.2f; kn[i] = 1 + nrand() * 0.2f; }
             for (int i = 0; i < n_head * stride; i++) qsrc[i] = gated && i % stride >= hd ? gate[i] : nrand() * 2;
             float *dqs = (float *)dcopy(qsrc, (size_t)n_head * stride * 4), *dqn = (float *)dcopy(qn, hd * 4);
@@ -2882,7 +3139,7 @@ static void test_gpu_small_kernels(void) {
             AttNew cur = {dqs, stride, dkr, dvr, use_norm ? dqn : NULL, use_norm ? dkn : NULL, n_rot, dcs, 1e-6f};
             double ea = 0, ec = 0;
             int samef = 1;
-            __half *row = (__half *)xmalloc(n_kv * hd * 2 * 2);
+            __half *row = (__half *)xmalloc(n_kv * hd * 2 * 2, "a test");
             for (int pi = 0; pi < 12; pi++) {
                 int pos = positions[pi % 6], splits = pi < 6 ? n_split : 2;
                 for (int i = 0; i < n_head * hd; i++) qr[i] = qsrc[(size_t)(i / hd) * stride + i % hd];
@@ -2949,9 +3206,9 @@ static void test_gpu_deltanet_rows(void) {
         char name[160];
         snprintf(name, sizeof name, "gpu gdn_step over %d rows at once (S=%d) vs gdn_step_c per row: outputs and state", T, S);
         if (!HAVE_GPU) { skip(name, "no GPU"); continue; }
-        float *x = (float *)xmalloc((size_t)T * conv_dim * 4), *gb = (float *)xmalloc((size_t)T * 2 * Hv * 4);
-        float *M = (float *)xmalloc((size_t)Hv * S * S * 4), *Mg = (float *)xmalloc((size_t)Hv * S * S * 4);
-        float *o = (float *)xmalloc((size_t)T * Hv * S * 4), *og = (float *)xmalloc((size_t)T * Hv * S * 4);
+        float *x = (float *)xmalloc((size_t)T * conv_dim * 4, "a test"), *gb = (float *)xmalloc((size_t)T * 2 * Hv * 4, "a test");
+        float *M = (float *)xmalloc((size_t)Hv * S * S * 4, "a test"), *Mg = (float *)xmalloc((size_t)Hv * S * S * 4, "a test");
+        float *o = (float *)xmalloc((size_t)T * Hv * S * 4, "a test"), *og = (float *)xmalloc((size_t)T * Hv * S * 4, "a test");
         for (int i = 0; i < T * conv_dim; i++) x[i] = nrand() / sqrtf((float)S); // q, k of about unit length
         for (int t = 0; t < T; t++)
             for (int h = 0; h < Hv; h++) {
@@ -2993,11 +3250,11 @@ static void test_gpu_deltanet(void) {
         snprintf(n2, sizeof n2, "gpu gdn_step (S=%d, %d steps) vs gdn_step_c: outputs and state", S, steps);
         snprintf(n3, sizeof n3, "gpu gdn_gated_norm (S=%d) vs gated_rmsnorm_c + quantize_block_c", S);
         if (!HAVE_GPU) { skip(n1, "no GPU"); skip(n2, "no GPU"); skip(n3, "no GPU"); skip(n4, "no GPU"); continue; }
-        float *w = (float *)xmalloc(conv_dim * 16), *cs = (float *)xcalloc(3 * conv_dim, 4), *mixed = (float *)xmalloc(conv_dim * 4);
-        float *y = (float *)xmalloc(conv_dim * 4), *got = (float *)xmalloc(conv_dim * 4);
+        float *w = (float *)xmalloc(conv_dim * 16, "a test"), *cs = (float *)xcalloc(3 * conv_dim, 4, "a test"), *mixed = (float *)xmalloc(conv_dim * 4, "a test");
+        float *y = (float *)xmalloc(conv_dim * 4, "a test"), *got = (float *)xmalloc(conv_dim * 4, "a test");
         float braw[64], araw[64], dtb[64], a[64], gb[128], ggb[128];
-        float *M = (float *)xcalloc((size_t)Hv * S * S, 4), *o = (float *)xmalloc(Hv * S * 4), *og = (float *)xmalloc(Hv * S * 4);
-        float *Mg = (float *)xmalloc((size_t)Hv * S * S * 4), *z = (float *)xmalloc(Hv * S * 4), nw[256];
+        float *M = (float *)xcalloc((size_t)Hv * S * S, 4, "a test"), *o = (float *)xmalloc(Hv * S * 4, "a test"), *og = (float *)xmalloc(Hv * S * 4, "a test");
+        float *Mg = (float *)xmalloc((size_t)Hv * S * S * 4, "a test"), *z = (float *)xmalloc(Hv * S * 4, "a test"), nw[256];
         for (int i = 0; i < conv_dim * 4; i++) w[i] = nrand() * 0.3f;
         for (int i = 0; i < S; i++) nw[i] = 1 + nrand() * 0.1f;
         for (int h = 0; h < Hv; h++) { dtb[h] = nrand(); a[h] = -expf(urand() * 3 - 1); }
@@ -3035,7 +3292,7 @@ static void test_gpu_deltanet(void) {
             // GPU: the token kernel first (the conv kernel below overwrites dmixed)
             gdn_token(dM4, dcs4, dmixed, dw, dz, dbraw, daraw, ddtb, da, dnw, &out4, dcount, S, Hk, Hv, 1e-6f, 0);
             {
-                float *ref4 = (float *)xmalloc(Hv * S * 4), *g4 = (float *)xmalloc(Hv * S * 4);
+                float *ref4 = (float *)xmalloc(Hv * S * 4, "a test"), *g4 = (float *)xmalloc(Hv * S * 4, "a test");
                 memcpy(ref4, o, Hv * S * 4);
                 for (int h = 0; h < Hv; h++) gated_rmsnorm_c(ref4 + h * S, z + h * S, nw, S, 1e-6f);
                 CUDA_CHECK(cudaMemcpy(g4, out4.f, Hv * S * 4, cudaMemcpyDeviceToHost));
@@ -3062,7 +3319,7 @@ static void test_gpu_deltanet(void) {
             out.q = upload_junk_xq(Hv * S);
             gdn_gated_norm_kernel<<<Hv, S>>>(out, dO, dz, dnw, 1e-6f);
             KERNEL_CHECK();
-            float *ref = (float *)xmalloc(Hv * S * 4), *gn = (float *)xmalloc(Hv * S * 4);
+            float *ref = (float *)xmalloc(Hv * S * 4, "a test"), *gn = (float *)xmalloc(Hv * S * 4, "a test");
             for (int h = 0; h < Hv; h++) { memcpy(ref + h * S, og + h * S, S * 4); gated_rmsnorm_c(ref + h * S, z + h * S, nw, S, 1e-6f); }
             CUDA_CHECK(cudaMemcpy(gn, out.f, Hv * S * 4, cudaMemcpyDeviceToHost));
             for (int i = 0; i < Hv * S; i++) e3 = worse(e3, fabs(gn[i] - ref[i]) / (fabs(ref[i]) + 1e-2));
@@ -3070,7 +3327,7 @@ static void test_gpu_deltanet(void) {
             same_q &= same_xq(&gq, &wq);
             free_hxq(&gq); free_hxq(&wq); free_xq(out.q); cudaFree(out.f); free(ref); free(gn);
         }
-        float *gcs = (float *)xmalloc(3 * conv_dim * 4);
+        float *gcs = (float *)xmalloc(3 * conv_dim * 4, "a test");
         CUDA_CHECK(cudaMemcpy(gcs, dcs, 3 * conv_dim * 4, cudaMemcpyDeviceToHost));
         CUDA_CHECK(cudaMemcpy(Mg, dM, (size_t)Hv * S * S * 4, cudaMemcpyDeviceToHost));
         for (int i = 0; i < 3 * conv_dim; i++) e1 = worse(e1, fabs(gcs[i] - cs[i])); // exact copies of inputs
@@ -3132,7 +3389,7 @@ static void test_gpu_step_order(void) {
         Tensor W[2];
         uint8_t *w[2];
         for (int i = 0; i < 2; i++) {
-            w[i] = (uint8_t *)xmalloc(rbs[i] * n_out[i]);
+            w[i] = (uint8_t *)xmalloc(rbs[i] * n_out[i], "a test");
             for (int r = 0; r < n_out[i]; r++) random_row(tp[i], w[i] + r * rbs[i], n_in);
             W[i] = Tensor{"test", tp[i], n_in, n_out[i], w[i], rbs[i] * n_out[i], NULL, 0};
         }
@@ -3140,16 +3397,16 @@ static void test_gpu_step_order(void) {
         step_order_set(2, WW);
         int ordered = W[0].so.upw > 1 && W[1].so.upw > 1 && W[1].so.first % W[1].so.upw != 0;
         int repack_ok = upload_like_engine(&W[0]) & upload_like_engine(&W[1]);
-        float *x = (float *)xmalloc(n_in * 4);
+        float *x = (float *)xmalloc(n_in * 4, "a test");
         random_act(x, n_in);
         HostXQ hq = quantize_host(x, n_in);
         Act act;
         memset(&act, 0, sizeof act);
         act.f = (float *)dcopy(x, n_in * 4);
         act.q = upload_xq(&hq);
-        float *dy[2], *y = (float *)xmalloc(n_out[0] * 4), *ref = (float *)xmalloc(n_out[0] * 4);
-        float *row = (float *)xmalloc(n_in * 4);
-        double *scale = (double *)xmalloc(n_out[0] * sizeof(double));
+        float *dy[2], *y = (float *)xmalloc(n_out[0] * 4, "a test"), *ref = (float *)xmalloc(n_out[0] * 4, "a test");
+        float *row = (float *)xmalloc(n_in * 4, "a test");
+        double *scale = (double *)xmalloc(n_out[0] * sizeof(double), "a test");
         for (int i = 0; i < 2; i++) CUDA_CHECK(cudaMalloc(&dy[i], n_out[i] * 4));
         const Tensor *Wc[2] = {&W[0], &W[1]};
         const float *nob[2] = {NULL, NULL};
@@ -3164,12 +3421,12 @@ static void test_gpu_step_order(void) {
         report(ordered && repack_ok && worst <= 1e-5, name, ordered && repack_ok ? worst : INFINITY, 1e-5);
         // the prefill product over the second matrix's planes (it starts inside a run)
         const int T = 9;
-        float *xt = (float *)xmalloc((size_t)T * n_in * 4), *xs = (float *)xmalloc(T * 4);
-        uint16_t *X = (uint16_t *)xmalloc((size_t)T * n_in * 2);
+        float *xt = (float *)xmalloc((size_t)T * n_in * 4, "a test"), *xs = (float *)xmalloc(T * 4, "a test");
+        uint16_t *X = (uint16_t *)xmalloc((size_t)T * n_in * 2, "a test");
         random_act(xt, T * n_in);
         make_rows(xt, T, n_in, X, xs);
-        float *pref = (float *)xmalloc((size_t)T * n_out[1] * 4), *got = (float *)xmalloc((size_t)T * n_out[1] * 4);
-        double *pscale = (double *)xmalloc((size_t)T * n_out[1] * sizeof(double));
+        float *pref = (float *)xmalloc((size_t)T * n_out[1] * 4, "a test"), *got = (float *)xmalloc((size_t)T * n_out[1] * 4, "a test");
+        double *pscale = (double *)xmalloc((size_t)T * n_out[1] * sizeof(double), "a test");
         memset(pref, 0, (size_t)T * n_out[1] * 4);
         matmul_c(&W[1], X, xs, xt, n_in, T, pref, n_out[1], NULL, 0, row);
         abs_dot_scale(tp[1], w[1], rbs[1], n_in, n_out[1], xt, T, pscale, row);
@@ -3214,16 +3471,16 @@ static void test_gpu_matmul(void) {
             int blk = TYPE_TRAITS[type].blck == 1 ? 32 : TYPE_TRAITS[type].blck;
             int T = shapes[si][0], n_in = shapes[si][1] * blk, n_out = shapes[si][2];
             size_t rb = row_bytes(type, n_in);
-            uint8_t *w = (uint8_t *)xmalloc(rb * n_out);
+            uint8_t *w = (uint8_t *)xmalloc(rb * n_out, "a test");
             for (int r = 0; r < n_out; r++) random_row(type, w + r * rb, n_in);
-            float *x = (float *)xmalloc((size_t)T * n_in * 4), *xs = (float *)xmalloc(T * 4);
-            uint16_t *X = (uint16_t *)xmalloc((size_t)T * n_in * 2);
+            float *x = (float *)xmalloc((size_t)T * n_in * 4, "a test"), *xs = (float *)xmalloc(T * 4, "a test");
+            uint16_t *X = (uint16_t *)xmalloc((size_t)T * n_in * 2, "a test");
             random_act(x, T * n_in);
             make_rows(x, T, n_in, X, xs);
-            float *bias = (float *)xmalloc(n_out * 4), *y0 = (float *)xmalloc((size_t)T * n_out * 4);
-            float *ref = (float *)xmalloc((size_t)T * n_out * 4), *got = (float *)xmalloc((size_t)T * n_out * 4);
-            float *row = (float *)xmalloc(n_in * 4);
-            double *scale = (double *)xmalloc((size_t)T * n_out * sizeof(double));
+            float *bias = (float *)xmalloc(n_out * 4, "a test"), *y0 = (float *)xmalloc((size_t)T * n_out * 4, "a test");
+            float *ref = (float *)xmalloc((size_t)T * n_out * 4, "a test"), *got = (float *)xmalloc((size_t)T * n_out * 4, "a test");
+            float *row = (float *)xmalloc(n_in * 4, "a test");
+            double *scale = (double *)xmalloc((size_t)T * n_out * sizeof(double), "a test");
             for (int i = 0; i < n_out; i++) bias[i] = nrand();
             for (int i = 0; i < T * n_out; i++) y0[i] = nrand();
             Tensor W = {"test", type, n_in, n_out, w, rb * n_out, NULL, 0};
@@ -3238,7 +3495,7 @@ static void test_gpu_matmul(void) {
                       (float *)dcopy(x, (size_t)T * n_in * 4)};
             float *dy, *db = (float *)dcopy(bias, n_out * 4);
             CUDA_CHECK(cudaMalloc(&dy, (size_t)T * n_out * 4));
-            float *exact = (float *)xmalloc((size_t)T * n_out * 4);
+            float *exact = (float *)xmalloc((size_t)T * n_out * 4, "a test");
             for (int accumulate = 0; accumulate < 2; accumulate++) {
                 memcpy(ref, y0, (size_t)T * n_out * 4);
                 matmul_c(&W, X, xs, x, n_in, T, ref, n_out, bias, accumulate, row);
@@ -3283,16 +3540,16 @@ static void test_gpu_attention_prefill(void) {
                  hd, T, pos0, gated ? ", sigmoid gate" : "");
         if (!HAVE_GPU) { skip(name, "no GPU"); continue; }
         size_t cn = (size_t)n_pos * n_kv * hd;
-        float *fk = (float *)xmalloc(cn * 4), *fv = (float *)xmalloc(cn * 4);
-        __half *hk = (__half *)xmalloc(cn * 2), *hv = (__half *)xmalloc(cn * 2);
+        float *fk = (float *)xmalloc(cn * 4, "a test"), *fv = (float *)xmalloc(cn * 4, "a test");
+        __half *hk = (__half *)xmalloc(cn * 2, "a test"), *hv = (__half *)xmalloc(cn * 2, "a test");
         for (size_t i = 0; i < cn; i++) {
             hk[i] = __float2half(nrand()); hv[i] = __float2half(nrand());
             fk[i] = __half2float(hk[i]); fv[i] = __half2float(hv[i]);
         }
-        float *q = (float *)xmalloc((size_t)T * qdim * 4), *gate = (float *)xmalloc((size_t)T * 2 * qdim * 4);
+        float *q = (float *)xmalloc((size_t)T * qdim * 4, "a test"), *gate = (float *)xmalloc((size_t)T * 2 * qdim * 4, "a test");
         for (int i = 0; i < T * qdim; i++) q[i] = nrand() * 2;
         for (int i = 0; i < T * 2 * qdim; i++) gate[i] = nrand();
-        float *ref = (float *)xmalloc(qdim * 4), *mag = (float *)xmalloc(qdim * 4), *att = (float *)xmalloc(n_pos * 4);
+        float *ref = (float *)xmalloc(qdim * 4, "a test"), *mag = (float *)xmalloc(qdim * 4, "a test"), *att = (float *)xmalloc(n_pos * 4, "a test");
         __half *dk = (__half *)dcopy(hk, cn * 2), *dv = (__half *)dcopy(hv, cn * 2);
         float *dq = (float *)dcopy(q, (size_t)T * qdim * 4), *dg = (float *)dcopy(gate, (size_t)T * 2 * qdim * 4);
         ActH out;
@@ -3306,8 +3563,8 @@ static void test_gpu_attention_prefill(void) {
         attention_prefill_kernel<<<dim3((T + PA_TQ - 1) / PA_TQ, n_head), PA_THREADS, pa_smem(hd)>>>(
             dq, dk, dv, out, gated ? dg + hd : NULL, 2 * qdim, pos0, T, n_head, n_kv, hd);
         KERNEL_CHECK();
-        __half *got = (__half *)xmalloc((size_t)T * qdim * 2);
-        float *gs = (float *)xmalloc(T * 4);
+        __half *got = (__half *)xmalloc((size_t)T * qdim * 2, "a test");
+        float *gs = (float *)xmalloc(T * 4, "a test");
         CUDA_CHECK(cudaMemcpy(got, out.h, (size_t)T * qdim * 2, cudaMemcpyDeviceToHost));
         CUDA_CHECK(cudaMemcpy(gs, out.s, T * 4, cudaMemcpyDeviceToHost));
         double e = 0;
@@ -3337,8 +3594,8 @@ static void test_gpu_attention_prefill(void) {
 // over a batch (and the conv state it leaves), the gated norm rows, and the per-row NLL.
 // fp16 rows are compared as values: |X*s - v| within half an fp16 step of v (plus fp32 noise).
 static double rows_err(const ActH *a, int T, int n, const float *ref /* (T, n) */) {
-    uint16_t *h = (uint16_t *)xmalloc((size_t)T * a->ld * 2);
-    float *s = (float *)xmalloc(T * 4), *f = a->f ? (float *)xmalloc((size_t)T * a->ld * 4) : NULL;
+    uint16_t *h = (uint16_t *)xmalloc((size_t)T * a->ld * 2, "a test");
+    float *s = (float *)xmalloc(T * 4, "a test"), *f = a->f ? (float *)xmalloc((size_t)T * a->ld * 4, "a test") : NULL;
     CUDA_CHECK(cudaMemcpy(h, a->h, (size_t)T * a->ld * 2, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(s, a->s, T * 4, cudaMemcpyDeviceToHost));
     if (f) CUDA_CHECK(cudaMemcpy(f, a->f, (size_t)T * a->ld * 4, cudaMemcpyDeviceToHost));
@@ -3379,8 +3636,8 @@ static void test_gpu_prefill_rows(void) {
                            "gpu row_nll_kernel vs log_softmax: |d nll|"};
     if (SKIP_ALL_WITHOUT_GPU(names)) return;
     const int T = 3, n = 1024, ld = 1032;
-    float *x = (float *)xmalloc((size_t)T * n * 4), *u = (float *)xmalloc((size_t)T * n * 4);
-    float *w = (float *)xmalloc(n * 4), *ref = (float *)xmalloc((size_t)T * n * 4);
+    float *x = (float *)xmalloc((size_t)T * n * 4, "a test"), *u = (float *)xmalloc((size_t)T * n * 4, "a test");
+    float *w = (float *)xmalloc(n * 4, "a test"), *ref = (float *)xmalloc((size_t)T * n * 4, "a test");
     random_act(x, T * n);
     random_act(u, T * n);
     for (int i = 0; i < n; i++) w[i] = 1 + nrand() * 0.1f;
@@ -3388,7 +3645,7 @@ static void test_gpu_prefill_rows(void) {
     {
         for (int t = 0; t < T; t++) rmsnorm_c(ref + (size_t)t * n, x + (size_t)t * n, w, n, 1e-6f);
         for (int i = 0; i < T * n; i++) ref[i] *= 100.0f; // and a large weight
-        float *w100 = (float *)xmalloc(n * 4);
+        float *w100 = (float *)xmalloc(n * 4, "a test");
         for (int i = 0; i < n; i++) w100[i] = w[i] * 100.0f;
         float *dx = (float *)dcopy(x, (size_t)T * n * 4), *dw = (float *)dcopy(w100, n * 4);
         ActH a = rows_alloc(T, ld, 1);
@@ -3410,8 +3667,8 @@ static void test_gpu_prefill_rows(void) {
     }
     {
         const int cd = 96, R = 8; // 6 rows, then 2 more continuing from the state the first left
-        float *mx = (float *)xmalloc(R * cd * 4), *cw = (float *)xmalloc(cd * 4 * 4), cs[3 * cd], cs_ref[3 * cd];
-        float *yr = (float *)xmalloc(R * cd * 4), *yg = (float *)xmalloc(R * cd * 4);
+        float *mx = (float *)xmalloc(R * cd * 4, "a test"), *cw = (float *)xmalloc(cd * 4 * 4, "a test"), cs[3 * cd], cs_ref[3 * cd];
+        float *yr = (float *)xmalloc(R * cd * 4, "a test"), *yg = (float *)xmalloc(R * cd * 4, "a test");
         for (int i = 0; i < R * cd; i++) mx[i] = nrand();
         for (int i = 0; i < cd * 4; i++) cw[i] = nrand() * 0.5f;
         float cs0[3 * cd];
@@ -3446,7 +3703,7 @@ static void test_gpu_prefill_rows(void) {
     }
     {
         const int Hv = 4, S = 64, vd = Hv * S;
-        float *o = (float *)xmalloc(T * vd * 4), *z = (float *)xmalloc(T * vd * 4), nw[S];
+        float *o = (float *)xmalloc(T * vd * 4, "a test"), *z = (float *)xmalloc(T * vd * 4, "a test"), nw[S];
         for (int i = 0; i < T * vd; i++) { o[i] = nrand(); z[i] = nrand(); }
         for (int i = 0; i < S; i++) nw[i] = 1 + nrand() * 0.1f;
         memcpy(ref, o, T * vd * 4);
@@ -3463,9 +3720,9 @@ static void test_gpu_prefill_rows(void) {
     }
     {
         const int nr = 3, V = 1000;
-        float *lg = (float *)xmalloc(nr * V * 4), got[nr];
+        float *lg = (float *)xmalloc(nr * V * 4, "a test"), got[nr];
         int tg[nr] = {0, 517, 999};
-        double *lp = (double *)xmalloc(V * sizeof(double)), e = 0;
+        double *lp = (double *)xmalloc(V * sizeof(double), "a test"), e = 0;
         for (int i = 0; i < nr * V; i++) lg[i] = nrand() * 4;
         float *dl = (float *)dcopy(lg, nr * V * 4), *dn;
         int *dt = (int *)dcopy(tg, sizeof tg);
@@ -3516,6 +3773,7 @@ int main(int argc, char **argv) {
     test_utf8_bounds();
     test_tokenizer();
     test_cli();
+    test_cli_user();
     test_budget();
     test_perplexity();
     test_models(0);
