@@ -6357,8 +6357,10 @@ static void kld_encode(const float *logits /* (n_vocab) */, int n_vocab,
     float scale = (mx - mn) / 65535.0f, min_log_prob = mn - mx - (float)log(sum);
     memcpy(rec, &scale, 4);
     memcpy(rec + 2, &min_log_prob, 4);
+    // to the nearest step (ties to even, as llama.cpp rounds), every logit at or below mn to 0
+    float inv_scale = scale > 0 ? 1.0f / scale : 0.0f;
     for (int i = 0; i < n_vocab; i++) {
-        float v = scale > 0 ? roundf((fmaxf(logits[i], mn) - mn) / scale) : 0.0f;
+        float v = logits[i] > mn ? rintf(inv_scale * (logits[i] - mn)) : 0.0f;
         rec[4 + i] = (uint16_t)(v > 65535.0f ? 65535.0f : v);
     }
     for (size_t i = 4 + (size_t)n_vocab; i < kld_record_words(n_vocab); i++) rec[i] = 0;
@@ -6481,14 +6483,19 @@ static void kld_base_write_header(FILE *f, uint32_t n_ctx, int32_t n_vocab, int3
     }
 }
 
+// The statistics of a KL-divergence run, as llama-perplexity defines and prints them.
 typedef struct {
-    double ppl, ppl_unc;          // ours
-    double ppl_base, ppl_base_unc;
-    double kld_mean, kld_unc, kld_max, kld_median, kld_p999, kld_p99, kld_p10, kld_p5, kld_p1,
-        kld_min;
-    double same_top;              // fraction of positions whose most likely token is the base's
-    double dp_mean, dp_rms;       // probability of the next token: ours minus the base's
-    double ln_ratio_mean, ln_ratio_unc;
+    double ppl, ppl_unc;             // ours
+    double ppl_base, ppl_base_unc;   // the base file's, from its stored log-probabilities
+    double cor;                      // correlation of the two per-token NLLs
+    double ln_ratio, ln_ratio_unc;   // mean ln(PPL(ours)/PPL(base)), with the covariance
+    double ppl_diff, ppl_diff_unc;   // PPL(ours) - PPL(base)
+    double kld_mean, kld_unc;
+    double kld_pct[11];              // max, 99.9, 99, 95, 90 %, median, 10, 5, 1, 0.1 %, min
+    double dp_mean, dp_unc;          // dp = p(next token, ours) - p(next token, base)
+    double dp_pct[13];               // max, 99.9 ... 75 %, median, 25 ... 0.1 %, min
+    double dp_rms, dp_rms_unc;
+    double same_top, same_top_unc;   // how often the two most likely tokens are the same
     int n_scored;
     double tok_per_s;
 } PplResult;
@@ -6498,10 +6505,25 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// mean and the standard error of the mean from a sum and a sum of squares
+// The mean of n values and its standard error, from their sum and sum of squares (no error from
+// 10 values or fewer, as llama-perplexity has it).
 static void mean_err(double sum, double sum2, int n, double *mean, double *err) {
-    *mean = sum / n;
-    *err = n > 1 ? sqrt(fmax(sum2 / n - *mean * *mean, 0.0) / (n - 1)) : 0.0;
+    *mean = n > 0 ? sum / n : 0.0;
+    double var = n > 0 ? sum2 / n - *mean * *mean : 0.0;
+    *err = var > 0 && n > 10 ? sqrt(var / (n - 1)) : 0.0;
+}
+
+// A percentile of sorted values: linear interpolation at rank q (n - 1); the median of an even
+// count is the mean of the middle two (llama-perplexity's definitions).
+static double percentile(const double *v, int n, double q) {
+    if (q <= 0) return v[0];
+    if (q >= 1) return v[n - 1];
+    double r = q * (n - 1);
+    int i = (int)r;
+    return (1 - (r - i)) * v[i] + (r - i) * v[i + 1 < n ? i + 1 : n - 1];
+}
+static double median(const double *v, int n) {
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2] + v[n / 2 - 1]);
 }
 
 // Feed tokens[0..n) from position 0 like engine_eval and return in nll[i - first], for every i >=
@@ -6546,12 +6568,36 @@ typedef struct {
     size_t nv;                    // words per base-file record
     uint16_t *rec;                // (nv)
     double *lp, *lpb;             // (V) log-probabilities: ours, the base file's
-    double *klds;                 // (n_chunk * per_chunk) every position's KL divergence
+    double *klds, *dps;           // (n_chunk * per_chunk) every position's KL divergence and dp
     FILE *out_base;
     const KldBase *in_base;
-    double nll, nll2, nllb, nllb2, dp, dp2, lr, lr2, kl, kl2;
+    double nll, nll2, nllb, nllb2, nll_nllb, dp, dp2, dp4, kl, kl2;
     int n, same;
 } PplAcc;
+
+// The KL divergence of one position, over the entries the base file resolves. A record keeps
+// each log-probability in a 16-bit step of at most 16/65535 nats, and clamps every logit more
+// than 16 below the top to its minimum, which decodes to log p <= -16: such an entry carries no
+// information, and is left out (as llama-perplexity leaves it out). On the kept entries K both
+// distributions are renormalized, and
+//   KLD = sum_{i in K} pb~[i] (log pb~[i] - log p~[i]),  pb~ = pb / Zb,  p~ = p / Z,
+//   Zb = sum_{i in K} pb[i],  Z = sum_{i in K} p[i];  so  KLD = S / Zb - log Zb + log Z
+// with S = sum_{i in K} pb[i] (log pb[i] - log p[i]). It is a true KL divergence, never negative;
+// a file scored against its own base gives ~1e-9, the rounding's square. S alone
+// (llama-perplexity's sum) also holds the rounding's first power, sum_i pb[i] d[i] with d the
+// step rounding, which cancels only on average: +-5e-5 at one position, and as often negative.
+#define KLD_MIN_LOG_PROB (-16.0)
+static double kld_position(const double *lpb /* (V) */, const double *lp /* (V) */, int V) {
+    double sum = 0, zb = 0, z = 0;
+    for (int i = 0; i < V; i++) {
+        if (lpb[i] <= KLD_MIN_LOG_PROB) continue;
+        double pb = exp(lpb[i]);
+        sum += pb * (lpb[i] - lp[i]);
+        zb += pb;
+        z += exp(lp[i]);
+    }
+    return sum / zb - log(zb) + log(z); // the top entry is always kept (its log p >= -log V)
+}
 
 // logits after token j predict token j+1
 static void ppl_score(void *ctx, int j, const float *logits) {
@@ -6571,10 +6617,9 @@ static void ppl_score(void *ctx, int j, const float *logits) {
         const double *lp = a->lp, *lpb = a->lpb;
         kld_decode(a->in_base->records + ((size_t)a->c * a->per_chunk + (j - a->first)) * a->nv, V,
                    a->lpb);
-        double k = 0;
-        int top = 0, topb = 0;
-        for (int i = 0; i < V; i++) {
-            k += exp(lpb[i]) * (lpb[i] - lp[i]); // KL(base || ours)
+        double k = kld_position(lpb, lp, V);
+        int top = 0, topb = 0; // the first of equal maxima, on each side (every entry counts)
+        for (int i = 1; i < V; i++) {
             if (lp[i] > lp[top]) top = i;
             if (lpb[i] > lpb[topb]) topb = i;
         }
@@ -6582,16 +6627,54 @@ static void ppl_score(void *ctx, int j, const float *logits) {
         a->kl += k;
         a->kl2 += k * k;
         a->same += top == topb;
-        double lb = -lpb[a->tk[j + 1]];
+        double lb = -lpb[a->tk[j + 1]]; // the target's NLL as the base stored it
         a->nllb += lb;
         a->nllb2 += lb * lb;
+        a->nll_nllb += l * lb;
         double d = exp(-l) - exp(-lb);
+        a->dps[a->n] = d;
         a->dp += d;
         a->dp2 += d * d;
-        a->lr += l - lb;
-        a->lr2 += (l - lb) * (l - lb);
+        a->dp4 += d * d * d * d;
     }
     a->n++;
+}
+
+// The report's numbers from the running sums (llama-perplexity's definitions).
+static void ppl_stats(PplAcc *a, PplResult *r) {
+    int n = a->n;
+    double m, err, mb, errb;
+    mean_err(a->nll, a->nll2, n, &m, &err);
+    r->ppl = exp(m);
+    r->ppl_unc = r->ppl * err; // the standard error of the mean NLL, carried through exp
+    if (!a->in_base) return;
+    mean_err(a->nllb, a->nllb2, n, &mb, &errb);
+    r->ppl_base = exp(mb);
+    r->ppl_base_unc = r->ppl_base * errb;
+    // the two NLLs of a token are correlated: the covariance of their means enters the ratio
+    double cov = n >= 10 ? (a->nll_nllb / n - m * mb) / (n - 1) : 0.0;
+    r->cor = err > 0 && errb > 0 ? cov / (err * errb) : 0.0;
+    r->ln_ratio = m - mb;
+    r->ln_ratio_unc = sqrt(fmax(err * err + errb * errb - 2 * cov, 0.0));
+    r->ppl_diff = r->ppl - r->ppl_base;
+    r->ppl_diff_unc = sqrt(fmax(r->ppl_unc * r->ppl_unc + r->ppl_base_unc * r->ppl_base_unc -
+                                2 * r->ppl * r->ppl_base * cov, 0.0));
+    mean_err(a->kl, a->kl2, n, &r->kld_mean, &r->kld_unc);
+    mean_err(a->dp, a->dp2, n, &r->dp_mean, &r->dp_unc);
+    double ms, ms_err; // RMS dp: the root of the mean square, whose error comes from sum dp^4
+    mean_err(a->dp2, a->dp4, n, &ms, &ms_err);
+    r->dp_rms = sqrt(ms);
+    r->dp_rms_unc = r->dp_rms > 0 ? 0.5 / r->dp_rms * ms_err : 0.0;
+    r->same_top = (double)a->same / n;
+    r->same_top_unc = n > 1 ? sqrt(r->same_top * (1 - r->same_top) / (n - 1)) : 0.0;
+    qsort(a->klds, n, sizeof(double), cmp_double);
+    qsort(a->dps, n, sizeof(double), cmp_double);
+    const double kq[11] = {1, 0.999, 0.99, 0.95, 0.90, -1, 0.10, 0.05, 0.01, 0.001, 0};
+    const double dq[13] = {1, 0.999, 0.99, 0.95, 0.90, 0.75, -1, 0.25, 0.10, 0.05, 0.01, 0.001, 0};
+    for (int i = 0; i < 11; i++)
+        r->kld_pct[i] = kq[i] < 0 ? median(a->klds, n) : percentile(a->klds, n, kq[i]);
+    for (int i = 0; i < 13; i++)
+        r->dp_pct[i] = dq[i] < 0 ? median(a->dps, n) : percentile(a->dps, n, dq[i]);
 }
 
 // Evaluate tokens[0 .. n_chunk*n_ctx) chunk by chunk; with out_base also write the records of a
@@ -6608,8 +6691,9 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
     a.rec = (uint16_t *)xmalloc(a.nv * 2, "a base-file record");
     a.lp = (double *)xmalloc((size_t)a.V * sizeof(double), "a row of log-probs");
     a.lpb = (double *)xmalloc((size_t)a.V * sizeof(double), "a row of log-probs");
-    a.klds = (double *)xmalloc((size_t)n_chunk * a.per_chunk * sizeof(double),
-                               "the KL divergence of every position (lower --chunks)");
+    size_t n_pos = (size_t)n_chunk * a.per_chunk;
+    a.klds = (double *)xmalloc(n_pos * sizeof(double), "every position's KLD (lower --chunks)");
+    a.dps = (double *)xmalloc(n_pos * sizeof(double), "every position's dp (lower --chunks)");
     a.out_base = out_base;
     a.in_base = in_base;
     double *nll_chunk = (double *)xmalloc((size_t)a.per_chunk * sizeof(double), "a chunk's scores");
@@ -6634,62 +6718,42 @@ static PplResult perplexity(Engine *e, const int *tokens, int n_chunk, int n_ctx
             fflush(stderr);
         }
     }
-    int n = a.n, same = a.same;
-    double nll = a.nll, nll2 = a.nll2, nllb = a.nllb, nllb2 = a.nllb2, dp = a.dp, dp2 = a.dp2,
-           lr = a.lr, lr2 = a.lr2;
-    double kl = a.kl, kl2 = a.kl2, *klds = a.klds;
     PplResult r;
     memset(&r, 0, sizeof r);
-    r.n_scored = n;
+    r.n_scored = a.n;
     r.tok_per_s = (double)n_chunk * (n_ctx - 1) / (now_sec() - t0);
-    double m, err;
-    mean_err(nll, nll2, n, &m, &err);
-    r.ppl = exp(m);
-    r.ppl_unc = r.ppl * err; // the standard error of the mean NLL, carried through exp
-    if (in_base) {
-        mean_err(nllb, nllb2, n, &m, &err);
-        r.ppl_base = exp(m);
-        r.ppl_base_unc = r.ppl_base * err;
-        mean_err(kl, kl2, n, &r.kld_mean, &r.kld_unc);
-        mean_err(lr, lr2, n, &r.ln_ratio_mean, &r.ln_ratio_unc);
-        qsort(klds, n, sizeof(double), cmp_double);
-#define PCT(q) klds[(int)fmin(n - 1, fmax(0, (q) * (n - 1) + 0.5))]
-        r.kld_min = klds[0];
-        r.kld_max = klds[n - 1];
-        r.kld_median = PCT(0.5);
-        r.kld_p999 = PCT(0.999);
-        r.kld_p99 = PCT(0.99);
-        r.kld_p10 = PCT(0.10);
-        r.kld_p5 = PCT(0.05);
-        r.kld_p1 = PCT(0.01);
-#undef PCT
-        r.same_top = (double)same / n;
-        r.dp_mean = dp / n;
-        r.dp_rms = sqrt(dp2 / n);
-    }
-    free(a.rec); free(a.lp); free(a.lpb); free(klds); free(nll_chunk);
+    ppl_stats(&a, &r);
+    free(a.rec); free(a.lp); free(a.lpb); free(a.klds); free(a.dps); free(nll_chunk);
     return r;
 }
 
+// The report, in llama-perplexity's words and order, so that the two can be read side by side.
 static void print_perplexity(const PplResult *r, int kld) {
     printf("Final estimate: PPL = %.4f +/- %.5f   (%d scored tokens, %.1f tokens/s evaluated)\n",
            r->ppl, r->ppl_unc, r->n_scored, r->tok_per_s);
     if (!kld) return;
-    printf("\n====== Perplexity ======\n");
-    printf("PPL(ours)                   : %10.6f +/- %.6f\n", r->ppl, r->ppl_unc);
-    printf("PPL(base)                   : %10.6f +/- %.6f\n", r->ppl_base, r->ppl_base_unc);
-    printf("Mean ln(PPL(ours)/PPL(base)): %10.6f +/- %.6f\n", r->ln_ratio_mean, r->ln_ratio_unc);
-    printf("PPL(ours)/PPL(base)         : %10.6f\n", exp(r->ln_ratio_mean));
-    printf("\n====== KL divergence, KL(base || ours) ======\n");
-    printf("Mean    KLD: %.6f +/- %.6f\n", r->kld_mean, r->kld_unc);
-    printf("Maximum KLD: %.6f\n99.9%%   KLD: %.6f\n99.0%%   KLD: %.6f\nMedian  KLD: %.6f\n",
-           r->kld_max, r->kld_p999, r->kld_p99, r->kld_median);
-    printf("10.0%%   KLD: %.6f\n 5.0%%   KLD: %.6f\n 1.0%%   KLD: %.6f\nMinimum KLD: %.6f\n",
-           r->kld_p10, r->kld_p5, r->kld_p1, r->kld_min);
-    printf("\n====== Probability of the next token ======\n");
-    printf("Mean    dp : %+.4f %%  (ours minus the base's)\n", 100 * r->dp_mean);
-    printf("RMS     dp : %.4f %%\n", 100 * r->dp_rms);
-    printf("Same top p : %.3f %%\n", 100 * r->same_top);
+    printf("\n====== Perplexity statistics ======\n");
+    printf("Mean PPL(Q)                   : %10.6f +/- %10.6f\n", r->ppl, r->ppl_unc);
+    printf("Mean PPL(base)                : %10.6f +/- %10.6f\n", r->ppl_base, r->ppl_base_unc);
+    printf("Cor(ln(PPL(Q)), ln(PPL(base))): %6.2f%%\n", 100 * r->cor);
+    printf("Mean ln(PPL(Q)/PPL(base))     : %10.6f +/- %10.6f\n", r->ln_ratio, r->ln_ratio_unc);
+    printf("Mean PPL(Q)/PPL(base)         : %10.6f +/- %10.6f\n", exp(r->ln_ratio),
+           exp(r->ln_ratio) * r->ln_ratio_unc);
+    printf("Mean PPL(Q)-PPL(base)         : %10.6f +/- %10.6f\n", r->ppl_diff, r->ppl_diff_unc);
+    printf("\n====== KL divergence statistics ======\n");
+    // %g: a KLD near zero (a file against its own base: ~1e-9) keeps its digits
+    printf("Mean    KLD: %10.6g +/- %10.6g\n", r->kld_mean, r->kld_unc);
+    const char *kn[11] = {"Maximum", "99.9%  ", "99.0%  ", "95.0%  ", "90.0%  ", "Median ",
+                          "10.0%  ", " 5.0%  ", " 1.0%  ", " 0.1%  ", "Minimum"};
+    for (int i = 0; i < 11; i++) printf("%s KLD: %10.6g\n", kn[i], r->kld_pct[i]);
+    printf("\n====== Token probability statistics ======\n");
+    printf("Mean    dp: %6.3f +/- %5.3f %%\n", 100 * r->dp_mean, 100 * r->dp_unc);
+    const char *dn[13] = {"Maximum", "99.9%  ", "99.0%  ", "95.0%  ", "90.0%  ", "75.0%  ",
+                          "Median ", "25.0%  ", "10.0%  ", " 5.0%  ", " 1.0%  ", " 0.1%  ",
+                          "Minimum"};
+    for (int i = 0; i < 13; i++) printf("%s dp: %6.3f%%\n", dn[i], 100 * r->dp_pct[i]);
+    printf("RMS dp    : %6.3f +/- %5.3f %%\n", 100 * r->dp_rms, 100 * r->dp_rms_unc);
+    printf("Same top p: %6.3f +/- %5.3f %%\n", 100 * r->same_top, 100 * r->same_top_unc);
 }
 
 #ifndef TESTING

@@ -2376,6 +2376,35 @@ static void test_kld_record(void) {
     for (int i = 0; i < V; i++)
         if (lg[i] >= mx - 16) ed = worse(ed, fabs(lpd[i] - (lg[i] - lse)) / scale);
     report(ed <= 0.5 + 1e-2, "kl-divergence base record: kld_decode within half a step of log_softmax: steps", ed, 0.51);
+    // the clamped tail: scored against logits whose tail lies far below the clamp (30 and 100 nats
+    // under the top instead of the record's -16), the tail adds nothing; counted, it would add
+    // sum_tail e^(min_log_prob) (min_log_prob - ours) ~ 1e-7 x 84 nats for each of ~2000 entries
+    {
+        float *ours = (float *)xmalloc(V * 4, "a test");
+        for (int i = 0; i < V; i++) ours[i] = lg[i] < mx - 16 ? (float)mx - 30 - 70 * (i % 2) : lg[i];
+        double *lq = (double *)xmalloc(V * sizeof(double), "a test"), tail = 0, all = 0;
+        log_softmax(ours, V, lq);
+        for (int i = 0; i < V; i++) all += exp(lpd[i]) * (lpd[i] - lq[i]);
+        double k = kld_position(lpd, lq, V);
+        tail = all - k;
+        report(fabs(k) < 1e-6 && tail > 1e-3, "kl-divergence: a clamped tail far below the clamp adds nothing (|KLD| with the tail left out)",
+               fabs(k), 1e-6);
+        printf("info kl-divergence: the same record with its clamped tail counted: KLD %.3g\n", all);
+        free(ours);
+        free(lq);
+    }
+    // llama-perplexity's statistics: percentiles by linear interpolation at q (n - 1), the median
+    // of an even count the mean of the middle two, no standard error from 10 values or fewer
+    {
+        double v[10] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, mean, err;
+        mean_err(45, 285, 10, &mean, &err);
+        double m2, e2;
+        mean_err(55, 385, 11, &m2, &e2); // 0..10: variance 10, standard error sqrt(10/10) = 1
+        check(fabs(percentile(v, 10, 0.999) - 8.991) < 1e-12 && percentile(v, 10, 0.05) == 0.45 &&
+              median(v, 10) == 4.5 && median(v, 9) == 4 && percentile(v, 10, 1) == 9 && percentile(v, 10, 0) == 0 &&
+              mean == 4.5 && err == 0 && m2 == 5 && fabs(e2 - 1) < 1e-12,
+              "kl-divergence statistics: percentiles, median and standard errors as llama-perplexity defines them");
+    }
     free(lpd);
     free(lg);
     free(rec);
@@ -2432,23 +2461,23 @@ static void test_perplexity(void) {
           "kl-divergence base: written file reads back (header, tokens)");
     if (rc == 0) {
         // Against itself the KLD is what the u16 format leaves: log-probabilities in steps of at most
-        // 16/65535 nats, clamped 16 nats below the top. Work that floor out from the exact logits; the
-        // measured KLD must be that and nothing more.
+        // 16/65535 nats; the entries clamped 16 nats below the top are not scored. Work that floor
+        // out from the exact logits; the measured KLD must be that and nothing more, and tiny.
         double floor_kl = 0, *lb = (double *)xmalloc(V * sizeof(double), "a test");
         uint16_t *rec = (uint16_t *)xmalloc(kld_record_words(V) * 2, "a test");
         for (int j = n_ctx / 2; j <= n_ctx - 2; j++) {
             kld_encode(ref + (size_t)j * V, V, rec);
             kld_decode(rec, V, lb);
             log_softmax(ref + (size_t)j * V, V, lp);
-            for (int i = 0; i < V; i++) floor_kl += exp(lb[i]) * (lb[i] - lp[i]);
+            floor_kl += kld_position(lb, lp, V);
         }
         floor_kl /= ns;
         free(lb); free(rec);
         PplResult self = perplexity(&ef, seq->ids, 1, n_ctx, NULL, &b, 0);
         printf("info kl-divergence: f32 against its own base: KLD %.3g, the format's floor %.3g\n", self.kld_mean, floor_kl);
-        report(floor_kl > 0 && self.kld_mean > 0 && fabs(self.kld_mean - floor_kl) <= 1e-6 && self.same_top == 1.0,
+        report(self.kld_mean >= 0 && self.kld_mean < 1e-7 && fabs(self.kld_mean - floor_kl) <= 1e-9 && self.same_top == 1.0,
                "kl-divergence base: f32 against its own base: KLD minus the u16 format's floor (same top 100 %)",
-               fabs(self.kld_mean - floor_kl), 1e-6);
+               fabs(self.kld_mean - floor_kl), 1e-9);
         PplResult q = perplexity(&eq, seq->ids, 1, n_ctx, NULL, &b, 0);
         // the u16 log-probabilities: steps of at most 16/65535 nats, and the tail below max - 16 clamped
         double d = fabs(q.kld_mean - kl_ref);
@@ -2477,6 +2506,29 @@ static void test_perplexity(void) {
                "kl-divergence base: q4_0's same-top fraction vs the exact logits' agreement: |d|", fabs(q.same_top - (double)agree / ns),
                1.0 / ns);
         free(b.data);
+    }
+    // self-score through the command line, one fixture of each architecture: a base written by
+    // --cpu and scored by --cpu on the same file is the u16 format's rounding alone
+    {
+        const char *fx[4] = {"tiny-qwen2/tiny-qwen2-f16", "tiny-qwen3/tiny-qwen3-q4_0", "tiny-qwen3-tied/tiny-qwen3-tied-f32",
+                             "tiny-qwen35/tiny-qwen35-f16"};
+        char txt[300], mp[400], c2[1200], name[300], sbase[300];
+        static char out[16384];
+        snprintf(sbase, sizeof sbase, "%s.self", base);
+        snprintf(txt, sizeof txt, "%s/greedy.jsonl", DATA);
+        for (int k = 0; k < 4; k++) {
+            snprintf(mp, sizeof mp, "%s/%s.gguf", DATA, fx[k]);
+            snprintf(name, sizeof name, "kl-divergence: %s scored against its own --cpu base: mean < 1e-5, no value below -1e-6", fx[k]);
+            if (!need_fixture(mp, name)) continue;
+            snprintf(c2, sizeof c2, "%s -m %s --cpu --perplexity -c 64 --chunks 8 -f %s --kl-divergence-base %s >/dev/null 2>&1 && "
+                     "%s -m %s --cpu --kl-divergence --kl-divergence-base %s 2>&1", QWEN, mp, txt, sbase, QWEN, mp, sbase);
+            int rc = run_cmd(c2, out, sizeof out);
+            const char *mean = strstr(out, "Mean    KLD:"), *mn = strstr(out, "Minimum KLD:");
+            double km = mean ? atof(mean + 12) : 1, kmin = mn ? atof(mn + 12) : -1;
+            printf("info kl-divergence: %s against its own base: mean KLD %.3g, minimum %.3g\n", fx[k], km, kmin);
+            report(rc == 0 && mean && mn && km < 1e-5 && kmin >= -1e-6, name, km, 1e-5);
+            unlink(sbase);
+        }
     }
     // broken files are refused with a reason
     {
