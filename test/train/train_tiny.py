@@ -18,6 +18,8 @@ Writes into --out:
   heldout-ids.u16                 every held-out id (little-endian u16): qwen.cu --tokenize must agree
   ref-logits.f32                  float64 logits (stored as float32) of the sample's first
                                   --ref-positions tokens, [positions][n_vocab], on the CPU
+                                  (transformers keeps its RMSNorms and the DeltaNet recurrence in
+                                  float32 even then)
   ref.json                        the greedy continuation of a fixed prompt and the perplexity of the
                                   sample (chunks of 256, the second half scored), both in float64
 """
@@ -108,6 +110,8 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--ref-positions", type=int, default=128)
+    ap.add_argument("--max-train-bytes", type=int, default=0, help="0: all (a smoke test: less)")
+    ap.add_argument("--ids-cache", default="", help="a file for the training ids, reused if there")
     ap.add_argument("--seed", type=int, default=1234)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -119,8 +123,15 @@ def main():
     n_vocab = tok.get_vocab_size()
     train_path, held_path = (os.path.join(a.corpus, n) for n in ("train.txt", "heldout.txt"))
     train_text = open(train_path, encoding="utf-8").read()
+    if a.max_train_bytes:
+        train_text = train_text[:a.max_train_bytes]
     held_text = open(held_path, encoding="utf-8").read()
-    train_ids = tokenize(tok, train_text)
+    if a.ids_cache and os.path.exists(a.ids_cache):
+        train_ids = torch.load(a.ids_cache)
+    else:
+        train_ids = tokenize(tok, train_text)
+        if a.ids_cache:
+            torch.save(train_ids, a.ids_cache)
     held_ids = torch.tensor(tok.encode(held_text, add_special_tokens=False).ids, dtype=torch.int32)
     held_ids.numpy().astype("<u2").tofile(os.path.join(a.out, "heldout-ids.u16"))
 
@@ -151,11 +162,13 @@ def main():
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     warm = min(100, a.steps // 10)
 
-    def lr_at(step):
+    def progress(step):  # 0 .. 1: by steps, or by time if --max-seconds comes first
+        return max(step / a.steps, (time.time() - t0) / a.max_seconds)
+
+    def lr_at(step):  # linear warm-up, then a cosine down to a tenth
         if step < warm:
             return a.lr * (step + 1) / warm
-        q = (step - warm) / max(1, a.steps - warm)
-        return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * q)))
+        return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress(step)))))
 
     def loss_of(x):
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -184,7 +197,7 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
-        last = step + 1 == a.steps or time.time() - t0 > a.max_seconds
+        last = progress(step + 1) >= 1
         if (step + 1) % a.eval_every == 0 or last:
             v, h = evaluate(val_x), evaluate(held_x)
             curve.append({"step": step + 1, "seconds": round(time.time() - t0, 1),

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# test/train/gpu_train.sh PACK OUT — train both tiny models on a GPU machine (torch, transformers
+# and tokenizers installed) and pack the checkpoints and their references into OUT.
+#   PACK: corpus.tar.xz (corpus/train.txt, corpus/heldout.txt from test/train/corpus.sh) and
+#         tokenizer.json (test/train/make_tokenizer.py)
+#   OUT:  trained.tar.xz.* (split in 15 MB parts: qwen3/ and qwen35/ as train_tiny.py writes them)
+#         and the logs. Put the parts together with `cat OUT/trained.tar.xz.* | tar xJf -`.
+# First a smoke test of the whole pipeline on 2 MB of text, so that a broken step costs seconds.
+set -euo pipefail
+pack=$1; out=$2
+work=$(mktemp -d)
+tar xJf "$pack/corpus.tar.xz" -C "$work"
+python3 -c 'import torch, transformers, tokenizers; print("torch", torch.__version__,
+    "transformers", transformers.__version__, "tokenizers", tokenizers.__version__,
+    torch.cuda.get_device_name(0))'
+export PYTHONUNBUFFERED=1
+train() { # arch out_dir log [train_tiny.py options]
+    local arch=$1 dir=$2 log=$3; shift 3
+    python3 "$(dirname "$0")/train_tiny.py" --arch "$arch" --corpus "$work/corpus" \
+        --tokenizer "$pack/tokenizer.json" --out "$dir" "$@" > "$log" 2>&1 ||
+        { grep -v Warning "$log" | tail -40; return 1; }
+    grep -E "^\{|parameters" "$log" | tail -3
+}
+for arch in qwen3 qwen35; do
+    train $arch "$work/smoke/$arch" "$out/smoke-$arch.log" --steps 20 --eval-every 10 \
+        --ref-positions 8 --max-train-bytes 2000000
+done
+train qwen3 "$work/out/qwen3" "$out/train-qwen3.log" --steps 1200 --max-seconds 120 \
+    --ids-cache "$work/ids.pt"
+train qwen35 "$work/out/qwen35" "$out/train-qwen35.log" --steps 1200 --max-seconds 200 \
+    --ids-cache "$work/ids.pt"
+tar cf - -C "$work/out" qwen3 qwen35 | xz -T0 -3 | split -b 15M - "$out/trained.tar.xz."
+ls -la "$out"
