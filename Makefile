@@ -74,13 +74,20 @@ test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
 
 clean:
 	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/bench test/bench-sm70 \
-		qwen-san test/test_qwen-san test/fuzz_mutate .build-flags .build-flags-sm70
+		qwen-san test/test_qwen-san test/fuzz_mutate .build-flags .build-flags-sm70 \
+		test/train/hf_to_gguf test/train/hf_to_gguf-sm70
 
 .PHONY: all test clean bench bench-tokenizer unicode-check sanitize fuzz FORCE
 
 # synthetic full-size models for benchmarks: test/gen_model --model qwen2.5-32b --ftype iq4_xs -o F.gguf
 test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c .build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/gen_model.cu $(LDLIBS) -lpthread
+
+# a checkpoint of our training script to an F16 GGUF as llama.cpp's converter writes it:
+# test/train/hf_to_gguf CKPT_DIR VOCAB.gguf N_VOCAB_TOKENS OUT.gguf (its header says more)
+test/train/hf_to_gguf$(SUFFIX): test/train/hf_to_gguf.cu test/gguf_write.h qwen.cu tokenizer.c \
+		unicode_tables.h .build-flags$(SUFFIX)
+	$(NVCC_RUN) $(NVFLAGS) -o $@ test/train/hf_to_gguf.cu $(LDLIBS)
 
 # the floor of a decode token's chain of steps with ideal kernels (GPU only): test/step_floor [shape]
 test/step_floor: test/step_floor.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h .build-flags
