@@ -65,8 +65,8 @@ qwen$(SUFFIX): qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ qwen.cu $(LDLIBS)
 
 # the tests #include qwen.cu with TESTING defined (no main of its own)
-test/test_qwen$(SUFFIX): test/test_qwen.cu test/gguf_write.h qwen.cu tokenizer.c unicode_tables.h \
-		.build-flags$(SUFFIX)
+test/test_qwen$(SUFFIX): test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \
+		qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 
 test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
@@ -75,6 +75,7 @@ test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
 clean:
 	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/bench test/bench-sm70 \
 		qwen-san test/test_qwen-san test/fuzz_mutate .build-flags .build-flags-sm70 \
+		test/quantize test/quantize-sm70 \
 		test/train/hf_to_gguf test/train/hf_to_gguf-sm70
 
 .PHONY: all test clean bench bench-tokenizer unicode-check sanitize fuzz FORCE
@@ -88,6 +89,12 @@ test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c
 test/train/hf_to_gguf$(SUFFIX): test/train/hf_to_gguf.cu test/gguf_write.h qwen.cu tokenizer.c \
 		unicode_tables.h .build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/train/hf_to_gguf.cu $(LDLIBS)
+
+# quantize a GGUF with llama-quantize's type mix and this repository's encoders (test/quantize.h):
+# test/quantize IN.gguf OUT.gguf q8_0|q4_0|iq4_xs
+test/quantize$(SUFFIX): test/quantize.cu test/quantize.h test/gguf_write.h qwen.cu tokenizer.c \
+		.build-flags$(SUFFIX)
+	$(NVCC_RUN) $(NVFLAGS) -o $@ test/quantize.cu $(LDLIBS)
 
 # the floor of a decode token's chain of steps with ideal kernels (GPU only): test/step_floor [shape]
 test/step_floor: test/step_floor.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h .build-flags
@@ -126,7 +133,8 @@ FUZZ_S ?= 60
 qwen-san: qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(SANFLAGS) -o $@ qwen.cu $(LDLIBS)
 
-test/test_qwen-san: test/test_qwen.cu test/gguf_write.h qwen.cu tokenizer.c unicode_tables.h
+test/test_qwen-san: test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \
+		qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(SANFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 
 test/fuzz_mutate: test/fuzz_mutate.c
