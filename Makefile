@@ -66,11 +66,13 @@ qwen$(SUFFIX): qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX)
 
 # the tests #include qwen.cu with TESTING defined (no main of its own)
 test/test_qwen$(SUFFIX): test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \
+		test/test_trained.h \
 		qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 
-test: qwen$(SUFFIX) test/test_qwen$(SUFFIX)
-	QWEN_BIN=./qwen$(SUFFIX) ./test/test_qwen$(SUFFIX)
+# test/quantize remakes the trained models' quantized files and a Q8_0 of them (test_trained.h)
+test: qwen$(SUFFIX) test/test_qwen$(SUFFIX) test/quantize$(SUFFIX)
+	QWEN_BIN=./qwen$(SUFFIX) QUANTIZE_BIN=./test/quantize$(SUFFIX) ./test/test_qwen$(SUFFIX)
 
 clean:
 	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/bench test/bench-sm70 \
@@ -134,13 +136,14 @@ qwen-san: qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(SANFLAGS) -o $@ qwen.cu $(LDLIBS)
 
 test/test_qwen-san: test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \
+		test/test_trained.h \
 		qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(SANFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 
 test/fuzz_mutate: test/fuzz_mutate.c
 	$(CC) -O2 -Wall -Wextra -o $@ test/fuzz_mutate.c
 
-sanitize: qwen-san test/test_qwen-san
+sanitize: qwen-san test/test_qwen-san test/quantize
 	test/sanitize.sh
 
 fuzz: qwen-san test/fuzz_mutate

@@ -7382,9 +7382,10 @@ static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
 static void load_model(Args *a, Model *m) {
     model_load(m);
     const Config *c = &m->c;
-    if (a->n_ctx > c->n_ctx_train) {
-        fprintf(stderr, "note: -c %d is above the model's training context %d; using %d\n",
-                a->n_ctx, c->n_ctx_train, c->n_ctx_train);
+    if (a->n_ctx > c->n_ctx_train) { // the default -c 4096 is capped without a word
+        if (a->ctx_given)
+            fprintf(stderr, "note: -c %d is above the model's training context %d; using %d\n",
+                    a->n_ctx, c->n_ctx_train, c->n_ctx_train);
         a->n_ctx = c->n_ctx_train;
     }
     fprintf(stderr, "model: %s, %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d\n",

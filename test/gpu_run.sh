@@ -2,11 +2,12 @@
 # test/gpu_run.sh OUT [sanitize-model] — the GPU tests of qwen.cu on a GPU machine: build for this
 # GPU (sm_90), run the tests with this build and with the prebuilt sm_70 binaries (qwen-sm70 and
 # test/test_qwen-sm70, through PTX JIT), then compute-sanitizer on a short generation. The fixtures
-# are QWEN_TEST_DATA's (a subset when they do not all travel: QWEN_TEST_SUBSET=1).
+# are QWEN_TEST_DATA's (a subset when they do not all travel: QWEN_TEST_SUBSET=1). The trained
+# models' CPU-only checks, the slowest, are left out (QWEN_TEST_GPU_ONLY): CPU runs make them.
 set -uo pipefail
 out=$1; san=${2:-}
 make -j4 ARCH=sm_90 qwen test/test_qwen 2>&1 | grep -E "error"
-export QWEN_REQUIRE_GPU=1
+export QWEN_REQUIRE_GPU=1 QWEN_TEST_GPU_ONLY=1
 QWEN_BIN=./qwen timeout 400 ./test/test_qwen > "$out/test-sm90.log" 2>&1
 grep -E "^FAIL|passed" "$out/test-sm90.log" | tail -6
 QWEN_BIN=./qwen-sm70 timeout 400 ./test/test_qwen-sm70 > "$out/test-sm70.log" 2>&1

@@ -40,6 +40,7 @@ static void model_open(Model *m, const char *path) {
 static int n_pass = 0, n_fail = 0, n_skip = 0;
 static const char *DATA = "test/data";  // QWEN_TEST_DATA overrides
 static const char *QWEN = "./qwen";     // the CLI under test; QWEN_BIN overrides
+static const char *QUANTIZE = "./test/quantize"; // the quantizer (test/quantize.cu); QUANTIZE_BIN
 static int HAVE_GPU = 0;
 static void report(int ok, const char *name, double err, double tol) {
     printf("%-4s %-64s err=%-11.4g tol=%.4g\n", ok ? "ok" : "FAIL", name, err, tol);
@@ -3793,11 +3794,18 @@ static void test_gpu_prefill_rows(void) {
     free(x); free(u); free(w); free(ref);
 }
 
+#include "test_quantize.h"
+#include "test_trained.h"
+
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
     if (getenv("QWEN_TEST_DATA")) DATA = getenv("QWEN_TEST_DATA");
     if (getenv("QWEN_BIN")) QWEN = getenv("QWEN_BIN");
+    if (getenv("QUANTIZE_BIN")) QUANTIZE = getenv("QUANTIZE_BIN");
     SUBSET = getenv("QWEN_TEST_SUBSET") && atoi(getenv("QWEN_TEST_SUBSET"));
+    // QWEN_TEST_GPU_ONLY=1 (test/gpu_run.sh): leave out the slow CPU-only checks of the trained
+    // models, which a run on the CPU machine has made
+    int gpu_only = getenv("QWEN_TEST_GPU_ONLY") && atoi(getenv("QWEN_TEST_GPU_ONLY"));
     g_verbose = 0;
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     int gpu = HAVE_GPU = gpu_available();
@@ -3817,6 +3825,7 @@ int main(int argc, char **argv) {
     test_gguf_reader();
     test_dequantizers();
     test_dequant_spec();
+    test_quantizers();
     test_iq4_planes();
     test_step_order();
     test_att_cut();
@@ -3829,6 +3838,7 @@ int main(int argc, char **argv) {
     test_budget();
     test_perplexity();
     test_models(0);
+    if (!gpu_only) test_trained(0);
 
     test_gpu_quantize();
     for (g_mv_mode = MV_STREAM; g_mv_mode <= MV_BLOCKS; g_mv_mode++) { // both fast mat-vec kernels
@@ -3845,6 +3855,7 @@ int main(int argc, char **argv) {
     test_gpu_attention_prefill();
     test_gpu_prefill_rows();
     test_models(1);
+    test_trained(1);
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;
 }
