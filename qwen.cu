@@ -6761,7 +6761,8 @@ static void print_perplexity(const PplResult *r, int kld) {
 // --- the command line ----------------------------------------------------------------------------
 // llama.cpp's flag names where it has one. main reads the flags, opens the file, and hands over to
 // one of the modes below: tokenize, detokenize, info, bench, perplexity (writing a KL-divergence
-// base file, or scoring against one), generate, chat. A run has one mode, and every option names
+// base file, or scoring against one), diff (another engine's logits against ours), generate, chat.
+// A run has one mode, and every option names
 // the modes it applies to: an option given to a mode it does not apply to is an error, never
 // silently ignored.
 
@@ -6774,13 +6775,15 @@ enum {
     MODE_DETOKENIZE = 32, // --detokenize
     MODE_INFO = 64,       // --info
     MODE_BENCH = 128,     // --bench
-    MODE_ALL = 255,
+    MODE_DIFF = 256,      // --diff-logits FILE: another engine's logits against ours
+    N_MODES = 9,
 };
-static const char *const MODE_NAMES[8] = {"generation (-p, -f or --tokens)", "--chat",
-                                          "--perplexity", "--kl-divergence", "--tokenize",
-                                          "--detokenize", "--info", "--bench"};
+static const char *const MODE_NAMES[N_MODES] = {"generation (-p, -f or --tokens)", "--chat",
+                                                "--perplexity", "--kl-divergence", "--tokenize",
+                                                "--detokenize", "--info", "--bench",
+                                                "--diff-logits"};
 static const char *mode_name(int mode) {
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < N_MODES; i++)
         if (mode == 1 << i) return MODE_NAMES[i];
     return "?";
 }
@@ -6788,6 +6791,8 @@ static const char *mode_name(int mode) {
 typedef struct {
     const char *model_path, *prompt, *prompt_file, *tokens_arg, *detok_arg;
     const char *system_prompt, *dump_path, *kld_base_path;
+    const char *diff_path, *diff_out; // --diff-logits THEIRS, --diff-out FILE.tsv
+    double diff_max_kl;               // --diff-max-kl: the exit status's threshold
     size_t prompt_len;       // bytes of prompt (-f files may hold NUL bytes)
     char *prompt_buf;        // the -f file's bytes, or NULL
     int mode;                // one MODE_*
@@ -6838,6 +6843,11 @@ static void usage(FILE *f) {
         "  --seed S          random seed (default: time)\n"
         "  --dump-logits F   write the logits of every prompt position to F: raw little-endian\n"
         "                    float32, [n_prompt_tokens][n_vocab], no header\n"
+        "  --diff-logits F   another engine's logits of the prompt (.npy float32/16/64 of shape\n"
+        "                    (n_tokens, n_vocab) or (1, n_tokens, n_vocab), or raw float32)\n"
+        "                    against ours, position by position; exit 1 when the largest\n"
+        "                    KL(ours || theirs) is over --diff-max-kl (default 1e-3)\n"
+        "  --diff-out F.tsv  --diff-logits' table of every position\n"
         "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
         "  --bench           decode speed at context 128 and 2048 against the GPU's copy\n"
         "                    bandwidth, and prefill (pp512)\n"
@@ -6884,19 +6894,23 @@ static long long fresh_seed(void) {
 // destroys it (and the model, which is mapped, would end the run with SIGBUS). Compared by device
 // and inode, so that a symbolic or hard link to the model is caught as well as its own name.
 static void check_output_paths(const Args *a) {
-    const char *out_flag = a->dump_path ? "--dump-logits" : "--kl-divergence-base";
-    const char *out = a->dump_path ? a->dump_path : a->mode == MODE_PERPLEXITY ? a->kld_base_path
-                                                                               : NULL;
+    const char *out_flag[3] = {"--dump-logits", "--kl-divergence-base", "--diff-out"};
+    const char *out[3] = {a->dump_path, a->mode == MODE_PERPLEXITY ? a->kld_base_path : NULL,
+                          a->diff_out};
+    const char *in[4] = {a->model_path, a->prompt_file,
+                         a->mode == MODE_KLD ? a->kld_base_path : NULL, a->diff_path};
+    const char *what[4] = {"model file (-m)", "prompt file (-f)", "KL-divergence base file",
+                           "--diff-logits file"};
     struct stat so, si;
-    if (!out || stat(out, &so) != 0) return; // nothing written, or a new file
-    if (S_ISDIR(so.st_mode)) die("%s '%s' is a directory: give a file name", out_flag, out);
-    const char *in[3] = {a->model_path, a->prompt_file,
-                         a->mode == MODE_KLD ? a->kld_base_path : NULL};
-    const char *what[3] = {"model file (-m)", "prompt file (-f)", "KL-divergence base file"};
-    for (int k = 0; k < 3; k++)
-        if (in[k] && stat(in[k], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
-            die("%s '%s' is the %s '%s': it would be overwritten; give another file name",
-                out_flag, out, what[k], in[k]);
+    for (int o = 0; o < 3; o++) {
+        if (!out[o] || stat(out[o], &so) != 0) continue; // nothing written, or a new file
+        if (S_ISDIR(so.st_mode))
+            die("%s '%s' is a directory: give a file name", out_flag[o], out[o]);
+        for (int k = 0; k < 4; k++)
+            if (in[k] && stat(in[k], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+                die("%s '%s' is the %s '%s': it would be overwritten; give another file name",
+                    out_flag[o], out[o], what[k], in[k]);
+    }
 }
 
 // -f FILE's bytes, up to 1 GiB (a FIFO or /dev/stdin works too; /dev/zero is stopped).
@@ -6929,7 +6943,8 @@ static void parse_args(Args *a, int argc, char **argv) {
     a->min_p = 0.05f;
     a->top_k = 40;
     a->seed = -1;
-    const int RUN = MODE_GENERATE | MODE_CHAT | MODE_PERPLEXITY | MODE_KLD; // runs of the model
+    a->diff_max_kl = 1e-3;
+    const int RUN = MODE_GENERATE | MODE_CHAT | MODE_PERPLEXITY | MODE_KLD | MODE_DIFF;
     const int SAMPLE = MODE_GENERATE | MODE_CHAT;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
@@ -6941,10 +6956,11 @@ static void parse_args(Args *a, int argc, char **argv) {
                                     : die("more than 64 options"))
         if (IS("-m") || IS("--model")) a->model_path = NEXT();
         else if (IS("-p") || IS("--prompt"))
-            a->prompt = NEXT(), FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE);
+            a->prompt = NEXT(), FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE | MODE_DIFF);
         else if (IS("-f") || IS("--file"))
-            a->prompt_file = NEXT(), FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE);
-        else if (IS("--tokens")) a->tokens_arg = NEXT(), FOR(MODE_GENERATE | MODE_PERPLEXITY);
+            a->prompt_file = NEXT(), FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE | MODE_DIFF);
+        else if (IS("--tokens"))
+            a->tokens_arg = NEXT(), FOR(MODE_GENERATE | MODE_PERPLEXITY | MODE_DIFF);
         else if (IS("--tokenize")) set_mode(a, o, MODE_TOKENIZE);
         else if (IS("--detokenize")) a->detok_arg = NEXT(), set_mode(a, o, MODE_DETOKENIZE);
         else if (IS("--chat") || IS("-cnv") || IS("--conversation")) set_mode(a, o, MODE_CHAT);
@@ -6952,7 +6968,7 @@ static void parse_args(Args *a, int argc, char **argv) {
         else if (IS("--no-think")) a->no_think = 1, FOR(MODE_CHAT);
         else if (IS("--special")) a->special = 1, FOR(SAMPLE | MODE_DETOKENIZE);
         else if (IS("--no-parse-special"))
-            a->parse_special = 0, FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE);
+            a->parse_special = 0, FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE | MODE_DIFF);
         else if (IS("-n") || IS("--n-predict")) a->n_predict = arg_int(o, NEXT()), FOR(SAMPLE);
         else if (IS("-c") || IS("--ctx-size"))
             a->n_ctx = arg_int(o, NEXT()), a->ctx_given = 1, FOR(RUN | MODE_INFO | MODE_BENCH);
@@ -6969,6 +6985,14 @@ static void parse_args(Args *a, int argc, char **argv) {
         else if (IS("--min-p")) a->min_p = arg_float(o, NEXT()), FOR(SAMPLE);
         else if (IS("--seed") || IS("-s")) a->seed = arg_i64(o, NEXT()), FOR(SAMPLE);
         else if (IS("--dump-logits")) a->dump_path = NEXT(), FOR(MODE_GENERATE);
+        else if (IS("--diff-logits")) a->diff_path = NEXT(), set_mode(a, o, MODE_DIFF);
+        else if (IS("--diff-out")) a->diff_out = NEXT(), FOR(MODE_DIFF);
+        else if (IS("--diff-max-kl")) {
+            a->diff_max_kl = arg_float(o, NEXT());
+            if (a->diff_max_kl < 0)
+                die("--diff-max-kl %g: a KL divergence is >= 0", a->diff_max_kl);
+            FOR(MODE_DIFF);
+        }
         else if (IS("--cpu")) a->use_cpu = 1, FOR(RUN);
         else if (IS("--bench")) set_mode(a, o, MODE_BENCH);
         else if (IS("--info")) set_mode(a, o, MODE_INFO);
@@ -7002,7 +7026,7 @@ static void parse_args(Args *a, int argc, char **argv) {
     for (int k = 0; k < a->n_used; k++) {
         if (a->used[k].modes & a->mode) continue;
         char where[200] = "";
-        for (int b = 0, n = 0; b < 8; b++)
+        for (int b = 0, n = 0; b < N_MODES; b++)
             if (a->used[k].modes & (1 << b))
                 n += snprintf(where + n, sizeof where - n, "%s%s", n ? ", " : "", MODE_NAMES[b]);
         die("%s does not apply to %s (it applies to: %s)", a->used[k].opt, mode_name(a->mode),
@@ -7032,7 +7056,7 @@ static void parse_args(Args *a, int argc, char **argv) {
     if (a->seed < 0) a->seed = fresh_seed();
     // --dump-logits is what other engines are diffed against: by default it takes the most exact
     // path, token by token through the decode graph (the batched prompt's products are fp16)
-    if (a->dump_path && !a->batch_given) a->n_batch = 1;
+    if ((a->dump_path || a->diff_path) && !a->batch_given) a->n_batch = 1;
     g_n_batch = a->n_batch;
     check_output_paths(a);
     a->prompt_len = a->prompt ? strlen(a->prompt) : 0;
@@ -7133,6 +7157,309 @@ static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const 
     free(ptoks);
     free(base.data);
     return 0;
+}
+
+// --- --diff-logits: another engine's logits of the same tokens against ours ---------------------
+// An engine's developer dumps their logits of a prompt: numpy .npy, as PyTorch and JAX users save
+// them, or raw float32 as --dump-logits writes them. qwen.cu computes its own on the exact path and
+// says where the two part: at each position KL(ours || theirs), whether the top tokens agree, the
+// largest logit difference and the rank of our top token in theirs; then a summary whose trend
+// (the first quarter of the sequence against the last) separates an error that grows with the
+// position (a KV cache or RoPE bug) from a flat one (quantization, arithmetic), and an exit status.
+
+// Their logits: the file mapped, one row of n_cols values per prompt position.
+typedef struct {
+    const char *path;
+    void *map;
+    size_t map_len;
+    const uint8_t *data;   // the first row
+    int n_rows, n_cols;
+    int elem;              // bytes per value: 2 (float16), 4 (float32), 8 (float64)
+    char what[96];         // how the file was read, for the report
+} TheirLogits;
+
+// A .npy header: "\x93NUMPY", version (1 byte major, 1 minor), the length of what follows (u16 in
+// version 1, u32 in 2 and 3), then a Python dict such as
+//   {'descr': '<f4', 'fortran_order': False, 'shape': (128, 8193), }
+// Returns 0 with elem, the shape and the data offset, or -1 with err saying what is wrong.
+static int npy_header(const uint8_t *f, size_t len, int *elem, long long *shape, int *n_dims,
+                      size_t *data_off, char *err, size_t errlen) {
+    if (len < 10) { snprintf(err, errlen, "too short for a .npy header"); return -1; }
+    size_t hl = f[6] == 1 ? (size_t)(f[8] | f[9] << 8)
+                          : len >= 12 ? (size_t)f[8] | (size_t)f[9] << 8 | (size_t)f[10] << 16 |
+                                            (size_t)f[11] << 24 : (size_t)-1;
+    size_t start = f[6] == 1 ? 10 : 12;
+    if (f[6] < 1 || f[6] > 3 || hl > len - start) {
+        snprintf(err, errlen, "a .npy header of version %d.%d and length %zu in %zu bytes", f[6],
+                 f[7], hl, len);
+        return -1;
+    }
+    char h[4096];
+    size_t n = hl < sizeof h - 1 ? hl : sizeof h - 1;
+    memcpy(h, f + start, n);
+    h[n] = 0;
+    *data_off = start + hl;
+    const char *d = strstr(h, "'descr':"), *o = strstr(h, "'fortran_order':");
+    const char *sh = strstr(h, "'shape':");
+    if (!d || !o || !sh) {
+        snprintf(err, errlen, "the .npy header has no descr, fortran_order or shape");
+        return -1;
+    }
+    d = strchr(d + 8, '\'');
+    if (!d) { snprintf(err, errlen, "the .npy header's descr is not a string"); return -1; }
+    *elem = !strncmp(d, "'<f2'", 5) ? 2 : !strncmp(d, "'<f4'", 5) ? 4
+          : !strncmp(d, "'<f8'", 5) ? 8 : 0;
+    if (!*elem) {
+        const char *q = strchr(d + 1, '\'');
+        snprintf(err, errlen, "dtype %.*s: only little-endian float16, float32 and float64 ('<f2', "
+                 "'<f4', '<f8') are read", q && q - d < 16 ? (int)(q - d + 1) : 8, d);
+        return -1;
+    }
+    for (o += 16; *o == ' '; o++) {}
+    if (strncmp(o, "False", 5)) {
+        snprintf(err, errlen, "Fortran order: save the array in C order");
+        return -1;
+    }
+    const char *p = strchr(sh, '(');
+    *n_dims = 0;
+    for (p = p ? p + 1 : sh; *p && *p != ')';) {
+        while (*p == ' ' || *p == ',') p++;
+        if (*p == ')') break;
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v <= 0 || v > INT32_MAX || *n_dims == 3) {
+            snprintf(err, errlen, "the .npy shape is not one of (n_tokens, n_vocab) or "
+                     "(1, n_tokens, n_vocab)");
+            return -1;
+        }
+        shape[(*n_dims)++] = v;
+        p = end;
+    }
+    if (*n_dims == 3 && shape[0] == 1) { shape[0] = shape[1]; shape[1] = shape[2]; *n_dims = 2; }
+    if (*n_dims != 2) {
+        snprintf(err, errlen, "a .npy of %d dimensions: the shape must be (n_tokens, n_vocab) or "
+                 "(1, n_tokens, n_vocab)", *n_dims);
+        return -1;
+    }
+    return 0;
+}
+
+// Open their file and check it against the prompt (n_rows) and the model's vocabulary before any
+// work: a .npy by its header, anything else as raw float32 rows. Every value must be finite.
+static void their_open(TheirLogits *t, const char *path, int n_rows, int n_vocab,
+                       const Tokenizer *tok) {
+    memset(t, 0, sizeof *t);
+    t->path = path;
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    struct stat st;
+    if (fd < 0) die("cannot open --diff-logits '%s': %s", path, strerror(errno));
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0)
+        die("--diff-logits '%s' is not a regular, non-empty file", path);
+    t->map_len = (size_t)st.st_size;
+    t->map = mmap(NULL, t->map_len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (t->map == MAP_FAILED) die("cannot map --diff-logits '%s': %s", path, strerror(errno));
+    const uint8_t *f = (const uint8_t *)t->map;
+    size_t off = 0;
+    if (t->map_len >= 6 && !memcmp(f, "\x93NUMPY", 6)) {
+        long long shape[3];
+        int nd;
+        char err[200];
+        if (npy_header(f, t->map_len, &t->elem, shape, &nd, &off, err, sizeof err))
+            die("--diff-logits '%s': %s", path, err);
+        t->n_rows = (int)shape[0];
+        t->n_cols = (int)shape[1];
+        snprintf(t->what, sizeof t->what, ".npy, float%d, (%d, %d)", 8 * t->elem, t->n_rows,
+                 t->n_cols);
+        if ((uint64_t)t->n_rows * t->n_cols * t->elem != t->map_len - off)
+            die("--diff-logits '%s': its header says (%d, %d) float%d, %zu bytes, and %zu follow",
+                path, t->n_rows, t->n_cols, 8 * t->elem,
+                (size_t)t->n_rows * t->n_cols * t->elem, t->map_len - off);
+    } else { // raw float32, as --dump-logits writes: the row length follows from the prompt
+        t->elem = 4;
+        t->n_rows = n_rows;
+        if (t->map_len % ((size_t)4 * n_rows) != 0)
+            die("--diff-logits '%s' (raw float32): %zu bytes are not %d rows of float32", path,
+                t->map_len, n_rows);
+        size_t cols = t->map_len / 4 / n_rows;
+        t->n_cols = cols > (size_t)INT32_MAX ? INT32_MAX : (int)cols;
+        snprintf(t->what, sizeof t->what, "raw float32, %d x %d", t->n_rows, t->n_cols);
+    }
+    t->data = f + off;
+    if (t->n_rows != n_rows)
+        die("--diff-logits '%s' holds %d rows of logits; the prompt has %d tokens: dump them for "
+            "the same tokens", path, t->n_rows, n_rows);
+    // their vocabulary: the model's, or shorter where the model's last ids are padding
+    int pad_ok = t->n_cols < n_vocab && tok && t->n_cols > 0;
+    for (int i = t->n_cols; pad_ok && i < n_vocab; i++)
+        pad_ok = i >= tok->n_vocab || tok->type[i] == TOK_UNUSED;
+    if (t->n_cols != n_vocab && !pad_ok)
+        die("--diff-logits '%s' has %d logits per position; this model has %d%s", path, t->n_cols,
+            n_vocab, t->n_cols < n_vocab ? " (and ids past theirs are not padding)" : "");
+    for (int r = 0; r < t->n_rows; r++)
+        for (int i = 0; i < t->n_cols; i++) {
+            const uint8_t *v = t->data + ((size_t)r * t->n_cols + i) * t->elem;
+            double x;
+            if (t->elem == 2) { uint16_t h; memcpy(&h, v, 2); x = fp16_to_f32(h); }
+            else if (t->elem == 4) { float g; memcpy(&g, v, 4); x = g; }
+            else memcpy(&x, v, 8);
+            if (!isfinite(x))
+                die("--diff-logits '%s': the logit of id %d at position %d is not finite", path,
+                    i, r);
+        }
+}
+
+// Row r of their logits as float.
+static void their_row(const TheirLogits *t, int r, float *out /* (n_cols) */) {
+    const uint8_t *v = t->data + (size_t)r * t->n_cols * t->elem;
+    for (int i = 0; i < t->n_cols; i++, v += t->elem) {
+        if (t->elem == 2) { uint16_t h; memcpy(&h, v, 2); out[i] = fp16_to_f32(h); }
+        else if (t->elem == 4) memcpy(&out[i], v, 4);
+        else { double x; memcpy(&x, v, 8); out[i] = (float)x; }
+    }
+}
+
+// One position's comparison.
+typedef struct {
+    double kl;        // KL(ours || theirs), over their ids
+    int top, top_t;   // the most likely token: ours, theirs
+    double max_d;     // max |our logit - their logit|
+    int rank;         // the rank of our top token among theirs (1: also their top)
+} DiffPos;
+
+typedef struct {
+    const TheirLogits *t;
+    DiffPos *pos;      // (n_rows)
+    float *theirs;     // (n_cols) scratch
+    double *lp, *lq;   // (n_cols) scratch: log-probabilities, ours and theirs
+} DiffCtx;
+
+static void diff_row(void *ctx, int i, const float *logits) {
+    DiffCtx *d = (DiffCtx *)ctx;
+    int C = d->t->n_cols;
+    check_finite(logits, C, i, 0);
+    their_row(d->t, i, d->theirs);
+    log_softmax(logits, C, d->lp); // over their ids: our padding, if any, left out
+    log_softmax(d->theirs, C, d->lq);
+    DiffPos *p = &d->pos[i];
+    p->kl = 0;
+    p->max_d = 0;
+    p->top = argmax(logits, C);
+    p->top_t = argmax(d->theirs, C);
+    p->rank = 1;
+    for (int k = 0; k < C; k++) {
+        p->kl += exp(d->lp[k]) * (d->lp[k] - d->lq[k]);
+        p->max_d = fmax(p->max_d, fabs((double)logits[k] - d->theirs[k]));
+        p->rank += d->theirs[k] > d->theirs[p->top];
+    }
+}
+
+// A token as text for a table: its bytes between quotes, control characters escaped.
+static const char *token_text(const Tokenizer *tok, int id, char *buf, size_t cap) {
+    int len = 0;
+    const char *p = tok ? tokenizer_piece(tok, id, 1, &len) : NULL;
+    size_t n = 0;
+    buf[n++] = '\'';
+    for (int i = 0; p && i < len && n + 6 < cap; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c == '\n') n += snprintf(buf + n, cap - n, "\\n");
+        else if (c == '\t') n += snprintf(buf + n, cap - n, "\\t");
+        else if (c < 0x20 || c == 0x7f) n += snprintf(buf + n, cap - n, "\\x%02x", c);
+        else buf[n++] = (char)c;
+    }
+    if (!p) n += snprintf(buf + n, cap - n, "%d", id);
+    snprintf(buf + n, cap - n, "'");
+    return buf;
+}
+
+static int cmp_pos_kl_desc(const void *a, const void *b) {
+    double x = ((const DiffPos *)a)->kl, y = ((const DiffPos *)b)->kl;
+    return (x < y) - (x > y);
+}
+
+// --diff-logits THEIRS: the report on stdout, the table in --diff-out, exit 0 when the largest KL
+// is within --diff-max-kl.
+static int mode_diff(const Args *a, Model *m, const Tokenizer *tok) {
+    int *ids = NULL, n = 0, V = m->c.n_vocab;
+    if (a->tokens_arg) n = parse_ids("--tokens", a->tokens_arg, &ids);
+    else if (a->prompt) n = tokenizer_encode(tok, a->prompt, a->prompt_len, a->parse_special, &ids);
+    if (n == 0) die("--diff-logits needs the prompt their logits are of: --tokens, -p or -f");
+    check_tokens(V, ids, n, "prompt token");
+    if (n > a->n_ctx) die("the prompt has %d tokens but the context is %d: raise -c", n, a->n_ctx);
+    TheirLogits t;
+    their_open(&t, a->diff_path, n, V, tok);
+    int C = t.n_cols;
+    DiffCtx d = {&t, (DiffPos *)xcalloc(n, sizeof(DiffPos), "the comparison"),
+                 (float *)xmalloc((size_t)C * 4, "a row of their logits"),
+                 (double *)xmalloc((size_t)C * 8, "a row of log-probs"),
+                 (double *)xmalloc((size_t)C * 8, "a row of log-probs")};
+    Engine e;
+    engine_init(&e, m, !a->use_cpu, n);
+    engine_eval(&e, ids, n, 0, 0, diff_row, &d);
+    engine_free(&e);
+    // the summary: mean and max, top-1, the first position over the threshold, the trend
+    double sum = 0, quarter[4] = {0, 0, 0, 0};
+    int worst = 0, agree = 0, first_over = -1, q = n / 4;
+    for (int i = 0; i < n; i++) {
+        sum += d.pos[i].kl;
+        if (d.pos[i].kl > d.pos[worst].kl) worst = i;
+        agree += d.pos[i].top == d.pos[i].top_t;
+        if (first_over < 0 && d.pos[i].kl > a->diff_max_kl) first_over = i;
+        if (q > 0 && i / q < 4) quarter[i / q] += d.pos[i].kl / q;
+    }
+    char b1[64], b2[64], b3[64];
+    printf("diff-logits: %d positions of %d logits; theirs: %s (%s)\n", n, C, a->diff_path, t.what);
+    printf("KL(ours || theirs): mean %.4g, max %.4g at position %d\n", sum / n, d.pos[worst].kl,
+           worst);
+    printf("top-1 agreement: %d of %d (%.1f %%)\n", agree, n, 100.0 * agree / n);
+    if (first_over < 0) printf("first position with KL over %g: none\n", a->diff_max_kl);
+    else printf("first position with KL over %g: %d (KL %.4g), token %s\n", a->diff_max_kl,
+                first_over, d.pos[first_over].kl, token_text(tok, ids[first_over], b1, sizeof b1));
+    if (q > 0) {
+        double ratio = quarter[3] / fmax(quarter[0], 1e-300);
+        printf("KL by quarter of the sequence: %.3g %.3g %.3g %.3g; last / first %.3g: %s\n",
+               quarter[0], quarter[1], quarter[2], quarter[3], ratio,
+               ratio > 3 ? "it grows with the position (the way a KV cache or RoPE bug shows)"
+               : ratio < 1 / 3.0 ? "it falls with the position"
+                                 : "flat (the way quantization or arithmetic differences show)");
+    }
+    // the five worst positions, with their tokens as text
+    DiffPos *sorted = (DiffPos *)xmalloc((size_t)n * sizeof(DiffPos), "the comparison");
+    int *where = (int *)xmalloc((size_t)n * sizeof(int), "the comparison");
+    memcpy(sorted, d.pos, (size_t)n * sizeof(DiffPos));
+    for (int i = 0; i < n; i++) sorted[i].rank = i; // reused to keep the position
+    qsort(sorted, n, sizeof(DiffPos), cmp_pos_kl_desc);
+    for (int i = 0; i < n; i++) where[i] = sorted[i].rank;
+    printf("worst positions:\n  %6s  %-16s %10s  %-30s %10s %6s\n", "pos", "token", "KL",
+           "top: ours / theirs", "max|dlogit|", "rank");
+    for (int k = 0; k < n && k < 5; k++) {
+        const DiffPos *p = &d.pos[where[k]];
+        char tops[80];
+        snprintf(tops, sizeof tops, "%s%s%s", token_text(tok, p->top, b2, sizeof b2),
+                 p->top == p->top_t ? " (same)" : " / ",
+                 p->top == p->top_t ? "" : token_text(tok, p->top_t, b3, sizeof b3));
+        printf("  %6d  %-16s %10.4g  %-30s %10.4g %6d\n", where[k],
+               token_text(tok, ids[where[k]], b1, sizeof b1), p->kl, tops, p->max_d, p->rank);
+    }
+    if (a->diff_out) { // every position as a table
+        FILE *f = open_output(a->diff_out);
+        fprintf(f, "pos\ttoken\ttext\tkl\ttop_ours\ttop_theirs\tsame_top\tmax_abs_dlogit\t"
+                "rank_of_ours_in_theirs\n");
+        for (int i = 0; i < n; i++) {
+            const DiffPos *p = &d.pos[i];
+            fprintf(f, "%d\t%d\t%s\t%.6g\t%d\t%d\t%d\t%.6g\t%d\n", i, ids[i],
+                    token_text(tok, ids[i], b1, sizeof b1), p->kl, p->top, p->top_t,
+                    p->top == p->top_t, p->max_d, p->rank);
+        }
+        if (fclose(f) != 0) die("writing '%s' failed", a->diff_out);
+        g_partial_file = NULL;
+    }
+    int pass = d.pos[worst].kl <= a->diff_max_kl;
+    printf("result: %s (max KL %.4g %s --diff-max-kl %g)\n", pass ? "PASS" : "FAIL",
+           d.pos[worst].kl, pass ? "<=" : ">", a->diff_max_kl);
+    free(sorted); free(where); free(d.pos); free(d.theirs); free(d.lp); free(d.lq); free(ids);
+    munmap(t.map, t.map_len);
+    return pass ? 0 : 1;
 }
 
 // --- generate and chat ---------------------------------------------------------------------------
@@ -7435,6 +7762,10 @@ int main(int argc, char **argv) {
             run_bench(&m, a.n_ctx);
         } else if (a.mode == MODE_PERPLEXITY || a.mode == MODE_KLD) {
             rc = mode_perplexity(&a, &m, have_tok ? &tok : NULL, tok_err);
+        } else if (a.mode == MODE_DIFF) {
+            if (!have_tok && a.prompt)
+                die("%s: %s (pass the prompt as ids with --tokens)", a.model_path, tok_err);
+            rc = mode_diff(&a, &m, have_tok ? &tok : NULL);
         } else {
             if (!have_tok && (a.prompt || a.mode == MODE_CHAT))
                 die("%s: %s (pass the prompt as ids with --tokens)", a.model_path, tok_err);

@@ -1954,6 +1954,146 @@ static void test_cli_user(void) {
     free(model);
 }
 
+// A .npy file: header dict with descr and shape (e.g. "'<f4'", "(16, 1024)"), then n bytes of data.
+static void write_npy(const char *path, const char *descr, const char *fortran, const char *shape,
+                      const void *data, size_t n) {
+    char dict[256];
+    int dl = snprintf(dict, sizeof dict, "{'descr': %s, 'fortran_order': %s, 'shape': %s, }", descr, fortran, shape);
+    int pad = 64 - (10 + dl + 1) % 64; // numpy aligns the data to 64 bytes; the dict ends with '\n'
+    Buf b = {0};
+    put(&b, "\x93NUMPY\x01\x00", 8);
+    uint16_t hl = (uint16_t)(dl + pad + 1);
+    put(&b, &hl, 2);
+    put(&b, dict, dl);
+    for (int i = 0; i < pad; i++) put(&b, " ", 1);
+    put(&b, "\n", 1);
+    put(&b, data, n);
+    write_file(path, b.p, b.n);
+    free(b.p);
+}
+
+// --diff-logits: another engine's logits against ours (--cpu on tiny-qwen3-q4_0, 24 tokens)
+static void test_diff_logits(void) {
+    char m[512], dir[256], ref[300], f[300], out_tsv[300], cmd[2048];
+    static char out[1 << 16];
+    snprintf(m, sizeof m, "%s/tiny-qwen3/tiny-qwen3-q4_0.gguf", DATA);
+    if (!need_fixture(m, "diff-logits tests (on tiny-qwen3-q4_0)")) return;
+    snprintf(dir, sizeof dir, "/tmp/qwen_diff_%d", (int)getpid());
+    mkdir(dir, 0700);
+    snprintf(ref, sizeof ref, "%s/ours.f32", dir);
+    snprintf(f, sizeof f, "%s/theirs", dir);
+    snprintf(out_tsv, sizeof out_tsv, "%s/table.tsv", dir);
+    const char *ids = "9,8,7,6,5,4,3,2,100,200,300,400,500,600,700,800,11,22,33,44,55,66,77,88";
+    const int T = 24, V = 1024;
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --dump-logits %s 2>&1", QWEN, m, ids, ref);
+    size_t n = 0;
+    float *ours = run_cmd(cmd, out, sizeof out) == 0 ? read_f32(ref, &n) : NULL;
+    if (!ours || n != (size_t)T * V) { check(0, "diff-logits: --dump-logits of 24 tokens"); free(ours); return; }
+#define DIFF(file, extra) (snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-logits %s %s 2>&1", QWEN, m, ids, \
+                                    file, extra), run_cmd(cmd, out, sizeof out))
+    // its own logits: KL 0, exit 0, and the table of every position
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-logits %s --diff-out %s 2>&1", QWEN, m, ids, ref, out_tsv);
+    int rc = run_cmd(cmd, out, sizeof out);
+    size_t tl = 0;
+    char *tsv = read_file(out_tsv, &tl);
+    int lines = 0;
+    for (size_t i = 0; tsv && i < tl; i++) lines += tsv[i] == '\n';
+    check(rc == 0 && strstr(out, "KL(ours || theirs): mean 0, max 0") && strstr(out, "24 of 24") &&
+          strstr(out, "result: PASS") && lines == T + 1,
+          "diff-logits: a file qwen.cu wrote itself gives KL 0 and exit 0; --diff-out has every position");
+    if (rc != 0 || !strstr(out, "mean 0, max 0")) printf("     rc=%d output: %.400s\n", rc, out);
+    free(tsv);
+    unlink(out_tsv);
+    // one position perturbed: found at that position, exit 1
+    float *x = (float *)xmalloc((size_t)T * V * 4, "a test");
+    memcpy(x, ours, (size_t)T * V * 4);
+    for (int k = 0; k < V; k++) x[(size_t)13 * V + k] += (k % 7) * 0.5f;
+    write_file(f, x, (size_t)T * V * 4);
+    rc = DIFF(f, "");
+    check(rc == 1 && strstr(out, "first position with KL over 0.001: 13 ") && strstr(out, "max") &&
+          strstr(out, "at position 13") && strstr(out, "result: FAIL"),
+          "diff-logits: one position perturbed is found at that position, exit 1");
+    if (rc != 1) printf("     rc=%d output: %.400s\n", rc, out);
+    // an error that grows with the position shows as a trend; a flat one as flat
+    for (int pass = 0; pass < 2; pass++) {
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < V; k++)
+                x[(size_t)t * V + k] = ours[(size_t)t * V + k] + (pass ? 0.05f : 0.01f * t) * (float)((k * 37) % 11 - 5);
+        write_file(f, x, (size_t)T * V * 4);
+        rc = DIFF(f, "--diff-max-kl 10");
+        check(rc == 0 && strstr(out, pass ? "flat (the way" : "it grows with the position"),
+              pass ? "diff-logits: a flat error is called flat (exit 0 under --diff-max-kl 10)"
+                   : "diff-logits: logits that drift with the position show the trend");
+        if (rc != 0) printf("     rc=%d output: %.400s\n", rc, out);
+    }
+    // .npy of float32 (2-D and transformers' 3-D), float16, float64
+    {
+        uint16_t *h = (uint16_t *)xmalloc((size_t)T * V * 2, "a test");
+        double *d = (double *)xmalloc((size_t)T * V * 8, "a test");
+        for (size_t i = 0; i < (size_t)T * V; i++) { h[i] = f32_to_fp16_bits(ours[i]); d[i] = ours[i]; }
+        struct { const char *descr, *shape; const void *p; size_t n; double tol; } np[4] = {
+            {"'<f4'", "(24, 1024)", ours, (size_t)T * V * 4, 0}, {"'<f4'", "(1, 24, 1024)", ours, (size_t)T * V * 4, 0},
+            {"'<f2'", "(24, 1024)", h, (size_t)T * V * 2, 1e-5}, {"'<f8'", "(24, 1024)", d, (size_t)T * V * 8, 0}};
+        int good = 1;
+        for (int k = 0; k < 4; k++) {
+            write_npy(f, np[k].descr, "False", np[k].shape, np[k].p, np[k].n);
+            rc = DIFF(f, "");
+            const char *mx = strstr(out, ", max ");
+            double kl = mx ? atof(mx + 6) : 1;
+            int ok = rc == 0 && strstr(out, ".npy, float") && kl <= np[k].tol;
+            if (!ok) printf("     %s %s: rc=%d output: %.300s\n", np[k].descr, np[k].shape, rc, out);
+            good &= ok;
+        }
+        check(good, "diff-logits: .npy float32 (n, V) and (1, n, V), float16 and float64 are read");
+        free(h); free(d);
+    }
+    // bad input: a one-line error, exit 1, and no --diff-out file left behind
+    {
+        float nan_row[1024];
+        memcpy(nan_row, ours, sizeof nan_row);
+        nan_row[77] = NAN;
+        struct { const char *descr, *fortran, *shape; size_t n; const char *expect; } bad[] = {
+            {"'>f4'", "False", "(24, 1024)", (size_t)T * V * 4, "only little-endian float16"},
+            {"'<i4'", "False", "(24, 1024)", (size_t)T * V * 4, "dtype '<i4'"},
+            {"'<f4'", "True", "(24, 1024)", (size_t)T * V * 4, "Fortran order"},
+            {"'<f4'", "False", "(2, 24, 1024)", (size_t)T * V * 4, "(n_tokens, n_vocab) or (1, n_tokens, n_vocab)"},
+            {"'<f4'", "False", "(23, 1024)", (size_t)23 * V * 4, "holds 23 rows of logits; the prompt has 24 tokens"},
+            {"'<f4'", "False", "(24, 1000)", (size_t)T * 1000 * 4, "has 1000 logits per position; this model has 1024"},
+            {"'<f4'", "False", "(24, 1024)", (size_t)T * V * 4 - 8, "its header says (24, 1024) float32"},
+            {"'<f4'", "False", "(24, 1024)", (size_t)T * V * 4, "the logit of id 77 at position 5 is not finite"},
+            {NULL, NULL, NULL, (size_t)T * V * 4 - 4, "are not 24 rows of float32"},
+            {NULL, NULL, NULL, 0, "is not a regular, non-empty file"},
+        };
+        int good = 1, nb = (int)(sizeof bad / sizeof bad[0]);
+        for (int k = 0; k < nb; k++) {
+            float *data = x;
+            memcpy(x, ours, (size_t)T * V * 4);
+            if (k == 7) memcpy(x + (size_t)5 * V, nan_row, sizeof nan_row);
+            if (bad[k].descr) write_npy(f, bad[k].descr, bad[k].fortran, bad[k].shape, data, bad[k].n);
+            else write_file(f, data, bad[k].n);
+            snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-logits %s --diff-out %s 2>&1", QWEN, m, ids, f, out_tsv);
+            rc = run_cmd(cmd, out, sizeof out);
+            const char *e = strstr(out, "error:"); // the model's line, then one error line, the last
+            int one_line = e && strchr(e, '\n') && !strchr(e, '\n')[1];
+            int ok = rc == 1 && strstr(out, bad[k].expect) && strstr(out, "error:") && one_line && access(out_tsv, F_OK) != 0;
+            if (!ok) printf("     case %d: rc=%d output: %.300s\n", k, rc, out);
+            good &= ok;
+            unlink(out_tsv);
+        }
+        check(good, "diff-logits: 10 bad headers, shapes, sizes and values -> a one-line error, exit 1, no --diff-out left");
+        // an output that is one of the inputs
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-logits %s --diff-out %s 2>&1", QWEN, m, ids, ref, ref);
+        rc = run_cmd(cmd, out, sizeof out);
+        check(rc == 1 && strstr(out, "is the --diff-logits file"), "diff-logits: --diff-out onto the --diff-logits file is refused");
+    }
+#undef DIFF
+    free(x);
+    free(ours);
+    unlink(f);
+    unlink(ref);
+    rmdir(dir);
+}
+
 // =================================================================================================
 // Tokenizer: reference ids from Hugging Face tokenizers and llama.cpp's vectors, round trips, NFC
 // =================================================================================================
@@ -3839,6 +3979,7 @@ int main(int argc, char **argv) {
     test_tokenizer();
     test_cli();
     test_cli_user();
+    test_diff_logits();
     test_budget();
     test_perplexity();
     test_models(0);
