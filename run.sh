@@ -12,7 +12,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 if [ ! -x "$here/qwen" ] || [ "$here/qwen.cu" -nt "$here/qwen" ] ||
    [ "$here/tokenizer.c" -nt "$here/qwen" ]; then
     echo "== building $here/qwen" >&2
-    make -C "$here" >&2
+    # a clean make: not the settings of a make that may have started this script (make test)
+    env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$here" SUFFIX= qwen >&2
 fi
 
 model=${1:-}
