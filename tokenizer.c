@@ -546,7 +546,6 @@ static void ids_push(IdList *l, int id) {
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
         l->ids = (int *)xrealloc(l->ids, (size_t)l->cap * sizeof(int), "the token ids");
-        if (!l->ids) die("out of host memory");
     }
     l->ids[l->n++] = id;
 }
@@ -570,8 +569,7 @@ static int bigram_before(const Bigram *a, const Bigram *b) { return a->rank < b-
 static void heap_push(BpeScratch *s, Bigram b) {
     if (s->heap_n == s->heap_cap) {
         s->heap_cap = s->heap_cap ? 2 * s->heap_cap : 64;
-        s->heap = (Bigram *)xrealloc(s->heap, (size_t)s->heap_cap * sizeof(Bigram), "the BPE merge queue");
-        if (!s->heap) die("out of host memory");
+        s->heap = (Bigram *)xrealloc(s->heap, (size_t)s->heap_cap * sizeof(Bigram), "the BPE queue");
     }
     int i = s->heap_n++;
     s->heap[i] = b;
@@ -601,8 +599,7 @@ static void try_pair(const Tokenizer *t, BpeScratch *s, int left, int right) {
     int klen = a->len + 1 + b->len;
     if (klen > s->key_cap) {
         s->key_cap = 2 * klen;
-        s->key = (char *)xrealloc(s->key, s->key_cap, "the BPE merge queue");
-        if (!s->key) die("out of host memory");
+        s->key = (char *)xrealloc(s->key, s->key_cap, "a BPE merge's key");
     }
     memcpy(s->key, s->word + a->start, a->len);
     s->key[a->len] = ' ';
@@ -617,9 +614,14 @@ static void try_pair(const Tokenizer *t, BpeScratch *s, int left, int right) {
 static void bpe_word(const Tokenizer *t, BpeScratch *s, const uint32_t *cps, int n, IdList *out) {
     // bytes of the word -> GPT-2 byte characters, one symbol each
     int need = n * 4 * 3;
-    if (need > s->word_cap) { s->word_cap = 2 * need; s->word = (char *)xrealloc(s->word, s->word_cap, "a pre-tokenized word"); }
-    if (n * 4 > s->sym_cap) { s->sym_cap = 2 * n * 4; s->sym = (Symbol *)xrealloc(s->sym, (size_t)s->sym_cap * sizeof(Symbol), "a pre-tokenized word"); }
-    if (!s->word || !s->sym) die("out of host memory");
+    if (need > s->word_cap) {
+        s->word_cap = 2 * need;
+        s->word = (char *)xrealloc(s->word, s->word_cap, "a pre-tokenized word");
+    }
+    if (n * 4 > s->sym_cap) {
+        s->sym_cap = 2 * n * 4;
+        s->sym = (Symbol *)xrealloc(s->sym, (size_t)s->sym_cap * sizeof(Symbol), "a pre-tokenized word");
+    }
     int wl = 0, ns = 0;
     for (int i = 0; i < n; i++) {
         char u[4];

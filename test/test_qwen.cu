@@ -1834,6 +1834,13 @@ static void test_cli_user(void) {
         run_cmd(cmd, out, sizeof out);
         check(strstr(out, "status=143") && access(f, F_OK) != 0, "cli-user: SIGTERM during --dump-logits: no partial file left, status 128+15");
         if (strstr(out, "status=143") == NULL) printf("     output: %.200s\n", out);
+        // a signal the caller ignores (nohup, trap '' HUP) stays ignored: the run goes on to the end
+        snprintf(cmd, sizeof cmd, "exec 2>/dev/null; (trap '' HUP; exec %s -m %s --cpu -f %s -n 0 --dump-logits %s >/dev/null) & p=$!; "
+                 "while [ ! -s %s ] && kill -0 $p 2>/dev/null; do sleep 0.01; done; kill -HUP $p; wait $p; echo status=$?",
+                 QWEN, mc, txt, f, f);
+        run_cmd(cmd, out, sizeof out);
+        check(strstr(out, "status=0") && access(f, F_OK) == 0, "cli-user: SIGHUP ignored by the caller (nohup): the run finishes, exit 0");
+        if (strstr(out, "status=0") == NULL) printf("     output: %.200s\n", out);
         unlink(f);
     }
     // 7. run.sh from another directory takes the caller's paths; a flag right after the model
@@ -1999,7 +2006,7 @@ static void test_diff_logits(void) {
     int lines = 0;
     for (size_t i = 0; tsv && i < tl; i++) lines += tsv[i] == '\n';
     check(rc == 0 && strstr(out, "KL(ours || theirs): mean 0, max 0") && strstr(out, "24 of 24") &&
-          strstr(out, "result: PASS") && lines == T + 1,
+          strstr(out, "result: PASS") && strstr(out, ": flat (") && lines == T + 1,
           "diff-logits: a file qwen.cu wrote itself gives KL 0 and exit 0; --diff-out has every position");
     if (rc != 0 || !strstr(out, "mean 0, max 0")) printf("     rc=%d output: %.400s\n", rc, out);
     free(tsv);
@@ -2025,6 +2032,20 @@ static void test_diff_logits(void) {
               pass ? "diff-logits: a flat error is called flat (exit 0 under --diff-max-kl 10)"
                    : "diff-logits: logits that drift with the position show the trend");
         if (rc != 0) printf("     rc=%d output: %.400s\n", rc, out);
+    }
+    // 6 tokens, the last one perturbed: the last quarter holds it (no position is dropped)
+    for (int k = 0; k < V; k++) x[k] = ours[(size_t)5 * V + k] + (k % 5) * 0.4f;
+    {
+        float *six = (float *)xmalloc((size_t)6 * V * 4, "a test");
+        memcpy(six, ours, (size_t)5 * V * 4);
+        memcpy(six + (size_t)5 * V, x, (size_t)V * 4);
+        write_file(f, six, (size_t)6 * V * 4);
+        free(six);
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens 9,8,7,6,5,4 --diff-logits %s 2>&1", QWEN, m, f);
+        rc = run_cmd(cmd, out, sizeof out);
+        check(rc == 1 && strstr(out, "first position with KL over 0.001: 5 ") && strstr(out, "it grows with the position"),
+              "diff-logits: 6 tokens, the last one off: found, and the trend grows (every position in a quarter)");
+        if (rc != 1) printf("     rc=%d output: %.400s\n", rc, out);
     }
     // .npy of float32 (2-D and transformers' 3-D), float16, float64
     {
@@ -2059,18 +2080,29 @@ static void test_diff_logits(void) {
             {"'<f4'", "False", "(2, 24, 1024)", (size_t)T * V * 4, "(n_tokens, n_vocab) or (1, n_tokens, n_vocab)"},
             {"'<f4'", "False", "(23, 1024)", (size_t)23 * V * 4, "holds 23 rows of logits; the prompt has 24 tokens"},
             {"'<f4'", "False", "(24, 1000)", (size_t)T * 1000 * 4, "has 1000 logits per position; this model has 1024"},
-            {"'<f4'", "False", "(24, 1024)", (size_t)T * V * 4 - 8, "its header says (24, 1024) float32"},
+            {"'<f4'", "False", "(24, 1024)", (size_t)T * V * 4 - 8, "(24, 1024) float32 is 98304 bytes, and 98296 follow"},
             {"'<f4'", "False", "(24, 1024)", (size_t)T * V * 4, "the logit of id 77 at position 5 is not finite"},
             {NULL, NULL, NULL, (size_t)T * V * 4 - 4, "are not 24 rows of float32"},
             {NULL, NULL, NULL, 0, "is not a regular, non-empty file"},
+            {NULL, NULL, NULL, (size_t)5 * V * 4, "holds 5 rows of logits; the prompt has 24 tokens"},
+            {"'<f8'", "False", "(24, 1024)", (size_t)T * V * 8, "the logit of id 3 at position 0 is past float32's range"},
+            {NULL, NULL, NULL, 11, "too short for a .npy header"},
         };
         int good = 1, nb = (int)(sizeof bad / sizeof bad[0]);
         for (int k = 0; k < nb; k++) {
             float *data = x;
             memcpy(x, ours, (size_t)T * V * 4);
             if (k == 7) memcpy(x + (size_t)5 * V, nan_row, sizeof nan_row);
+            double *big = NULL;
+            if (k == 11) { // float64 logits past float32's range (finite in float64)
+                big = (double *)xmalloc((size_t)T * V * 8, "a test");
+                for (size_t i = 0; i < (size_t)T * V; i++) big[i] = i == 3 ? 1e300 : ours[i];
+                data = (float *)big;
+            }
+            if (k == 12) memcpy(x, "\x93NUMPY\x02\x00\x05\x00\x00", 11); // a v2 header cut short
             if (bad[k].descr) write_npy(f, bad[k].descr, bad[k].fortran, bad[k].shape, data, bad[k].n);
             else write_file(f, data, bad[k].n);
+            free(big);
             snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-logits %s --diff-out %s 2>&1", QWEN, m, ids, f, out_tsv);
             rc = run_cmd(cmd, out, sizeof out);
             const char *e = strstr(out, "error:"); // the model's line, then one error line, the last
@@ -2080,7 +2112,13 @@ static void test_diff_logits(void) {
             good &= ok;
             unlink(out_tsv);
         }
-        check(good, "diff-logits: 10 bad headers, shapes, sizes and values -> a one-line error, exit 1, no --diff-out left");
+        check(good, "diff-logits: 13 bad headers, shapes, sizes and values -> a one-line error, exit 1, no --diff-out left");
+        // an output that cannot be written is an error before any work (no report printed)
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-logits %s --diff-out /nonexistent/t.tsv 2>&1", QWEN, m,
+                 ids, ref);
+        rc = run_cmd(cmd, out, sizeof out);
+        check(rc == 1 && strstr(out, "cannot write '/nonexistent/t.tsv'") && !strstr(out, "diff-logits:"),
+              "diff-logits: an unwritable --diff-out is an error before any work");
         // an output that is one of the inputs
         snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-logits %s --diff-out %s 2>&1", QWEN, m, ids, ref, ref);
         rc = run_cmd(cmd, out, sizeof out);

@@ -96,6 +96,7 @@ static void test_trained_cpu(const char *arch, const char *dir, const char *samp
     char base[300];
     snprintf(base, sizeof base, "/tmp/qwen_trained_%s_%d.kld", arch, (int)getpid());
     FILE *bf = fopen(base, "wb");
+    if (!bf) die("test: cannot write %s", base);
     engine_init(&e, &m, 0, n_ctx);
     kld_base_write_header(bf, n_ctx, V, n_chunk, sample_ids);
     PplResult pr = perplexity(&e, sample_ids, n_chunk, n_ctx, bf, NULL, 0);
