@@ -66,7 +66,7 @@ qwen$(SUFFIX): qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX)
 
 # the tests #include qwen.cu with TESTING defined (no main of its own)
 test/test_qwen$(SUFFIX): test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \
-		test/test_trained.h \
+		test/test_trained.h test/fuzz_targets.h \
 		qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 
@@ -78,9 +78,10 @@ clean:
 	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/bench test/bench-sm70 \
 		qwen-san test/test_qwen-san test/fuzz_mutate .build-flags .build-flags-sm70 \
 		test/quantize test/quantize-sm70 \
-		test/train/hf_to_gguf test/train/hf_to_gguf-sm70
+		test/train/hf_to_gguf test/train/hf_to_gguf-sm70 \
+		test/fuzz_lib $(FUZZ_TARGETS:%=test/fuzz-%)
 
-.PHONY: all test clean bench bench-tokenizer unicode-check sanitize fuzz FORCE
+.PHONY: all test clean bench bench-tokenizer unicode-check sanitize fuzz fuzz-lib FORCE
 
 # synthetic full-size models for benchmarks: test/gen_model --model qwen2.5-32b --ftype iq4_xs -o F.gguf
 test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c .build-flags$(SUFFIX)
@@ -125,6 +126,8 @@ unicode-check:
 # ---- sanitizers and fuzzing (the CPU path; CI's machine kind needs no GPU) ----
 #   make sanitize          the tests built with AddressSanitizer and UBSan (test/sanitize.sh)
 #   make fuzz [FUZZ_S=60]  mutated fixtures through ./qwen-san for FUZZ_S seconds (test/fuzz.sh)
+#   make fuzz-lib [FUZZ_S=60]  every reader under libFuzzer, in process, FUZZ_S/5 seconds each on
+#                          all cores (test/fuzz_lib.sh; the targets are in test/fuzz_targets.h)
 # Separate binaries: qwen-san, test/test_qwen-san. NVFLAGS with -O1 -g in place of -O3; each
 # -fsanitize in its own -Xcompiler (nvcc splits an -Xcompiler value at commas). nvcc hands them to
 # the host compiler's link step too, which links the sanitizer runtimes.
@@ -136,7 +139,7 @@ qwen-san: qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(SANFLAGS) -o $@ qwen.cu $(LDLIBS)
 
 test/test_qwen-san: test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \
-		test/test_trained.h \
+		test/test_trained.h test/fuzz_targets.h \
 		qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(SANFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 
@@ -148,3 +151,23 @@ sanitize: qwen-san test/test_qwen-san test/quantize
 
 fuzz: qwen-san test/fuzz_mutate
 	FUZZ_S=$(FUZZ_S) test/fuzz.sh
+
+# test/fuzz_lib: the libFuzzer targets in one binary, built by nvcc with clang++-14 as the host
+# compiler (libFuzzer comes with clang: -fsanitize=fuzzer links its main). Its links
+# test/fuzz-gguf, -vocab, -text, -kld, -args choose the target by name. A UBSan report aborts, as
+# an ASan report does; test/fuzz_ignorelist.txt leaves out the checks of known, unfixed bugs.
+FUZZ_CXX ?= clang++-14
+FUZZ_TARGETS := gguf vocab text kld args
+FUZZFLAGS = -std=c++17 -O1 -g -gencode arch=compute_$(SM),code=sm_$(SM) -cudart static \
+	-ccbin $(FUZZ_CXX) -Xcompiler -Wall,-Wno-unused-function -diag-suppress 177 \
+	-Xcompiler -fno-omit-frame-pointer -Xcompiler -fsanitize=fuzzer -Xcompiler -fsanitize=address \
+	-Xcompiler -fsanitize=undefined -Xcompiler -fno-sanitize-recover=all \
+	-Xcompiler -fsanitize-ignorelist=$(CURDIR)/test/fuzz_ignorelist.txt
+
+test/fuzz_lib: test/fuzz_main.cu test/fuzz_targets.h test/fuzz_ignorelist.txt qwen.cu tokenizer.c \
+		unicode_tables.h .build-flags
+	$(NVCC_RUN) $(FUZZFLAGS) -o $@ test/fuzz_main.cu $(LDLIBS)
+	for t in $(FUZZ_TARGETS); do ln -sf fuzz_lib test/fuzz-$$t; done
+
+fuzz-lib: test/fuzz_lib
+	FUZZ_S=$(FUZZ_S) test/fuzz_lib.sh
