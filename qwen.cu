@@ -2923,7 +2923,7 @@ static int att_chunk(int hd) { return hd <= 128 ? 64 : 8192 / hd / 8 * 8; }
 // Most splits per kv head for a cache of n_ctx keys: one chunk each up to 32 chunks, then longer
 // splits, so that the merge reads at most 32 partial states per head, one per lane of a warp.
 static int att_splits(int n_ctx, int hd) {
-    int chunks = (n_ctx + att_chunk(hd) - 1) / att_chunk(hd);
+    int chunks = (int)(((int64_t)n_ctx + att_chunk(hd) - 1) / att_chunk(hd)); // 64-bit: -c 2^31-1
     return chunks < WARP ? chunks : WARP;
 }
 #define ATT_MAX_OUT 8      // outputs per thread: g * head_dim <= 2048
@@ -5083,7 +5083,7 @@ static FitHint budget_hint(const Budget *b, Model *m, int n_ctx) {
     int lo = 0, hi = n_ctx;
     Budget t = *b;
     while (lo < hi) { // the budget grows with the context: bisect
-        int mid = (lo + hi + 1) / 2;
+        int mid = (int)(((int64_t)lo + hi + 1) / 2); // 64-bit: -c 2^31 - 1
         budget_compute(&t, m, mid);
         if (budget_fits(&t)) lo = mid; else hi = mid - 1;
     }
@@ -5260,7 +5260,9 @@ static void upload_weights(Model *m, GpuState *s) {
 // --- device memory: the run state, carved out of one allocation ---------------------------------
 
 // Carve an Act of n values (plus its 16-bit copy when n is a multiple of 32) out of the arena.
-static Act act_carve(uint8_t **p, int n) {
+// p is an address as an integer: measuring carves from address 0, and adding offsets to a NULL
+// pointer would be undefined behaviour.
+static Act act_carve(uintptr_t *p, int n) {
     Act a;
     memset(&a, 0, sizeof a);
     a.f = (float *)*p;
@@ -5297,7 +5299,7 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
     size_t conv_bytes = (size_t)c->n_gdn_layers * 3 * conv_dim * 4,
            ssm_bytes = (size_t)c->n_gdn_layers * Hv * S * S * 4;
     int n_split = att_splits(n_ctx, c->head_dim);
-    uint8_t *p = base;
+    uintptr_t p = (uintptr_t)base; // an integer: measuring (base NULL) adds offsets to 0
 #define CARVE(ptr, type, bytes) (ptr = (type)p, p += ALIGN256(bytes))
     CARVE(s->x, float *, c->n_embd * 4u);
     s->xb = act_carve(&p, c->n_embd);
@@ -5329,7 +5331,7 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
     CARVE(s->logits, float *, c->n_vocab * 4u);
     CARVE(s->key_cache, __half *, cache * 2);
     CARVE(s->value_cache, __half *, cache * 2);
-    uint8_t *batch_start = p;
+    uintptr_t batch_start = p;
     if (s->n_batch > 0) {
         size_t B = (size_t)s->n_batch, ld = prefill_ld(c),
                gdim = c->arch == ARCH_QWEN35 ? 2 * qdim : 0;
@@ -5363,7 +5365,7 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
 #undef CARVE
     s->kv_bytes = 2 * ALIGN256(cache * 2);
     s->state_bytes = conv_bytes + ssm_bytes;
-    return (size_t)(p - base);
+    return (size_t)(p - (uintptr_t)base);
 }
 
 static void gpu_state_init(GpuState *s, Model *m, int n_ctx) {
@@ -6443,13 +6445,16 @@ static int kld_base_read(KldBase *b, const char *path, int n_vocab_model, char *
                  path, b->n_vocab, n_vocab_model);
         return -1;
     }
+    // A chunk's bytes fit in 64 bits (at most 2^26 + 2^23 * 2^25); n_chunk times them may not, and
+    // a product that wraps around could match a small file: the size is checked by division.
     size_t first = b->n_ctx / 2, per_chunk = b->n_ctx - 1 - first;
-    size_t need = 20 + (size_t)b->n_chunk * b->n_ctx * 4 +
-                  (size_t)b->n_chunk * per_chunk * kld_record_words(b->n_vocab) * 2;
-    if (b->size != need) {
-        snprintf(err, errlen, "'%s' is %s: %d chunks of %u tokens need %zu bytes, the file has %zu",
-                 path, b->size < need ? "truncated" : "longer than its header says", b->n_chunk,
-                 b->n_ctx, need, b->size);
+    size_t chunk_bytes = (size_t)b->n_ctx * 4 + per_chunk * kld_record_words(b->n_vocab) * 2;
+    if ((b->size - 20) / chunk_bytes != (size_t)b->n_chunk || (b->size - 20) % chunk_bytes) {
+        double need = 20 + (double)b->n_chunk * chunk_bytes;
+        snprintf(err, errlen,
+                 "'%s' is %s: %d chunks of %u tokens need %.0f bytes, the file has %zu", path,
+                 (double)b->size < need ? "truncated" : "longer than its header says",
+                 b->n_chunk, b->n_ctx, need, b->size);
         return -1;
     }
     b->tokens = (const int32_t *)(b->data + 20);
@@ -7661,35 +7666,6 @@ static char *read_line_stdin(const char *prompt) {
     }
 }
 
-// The ids of one user turn of ChatML (the first with the system prompt). Every later turn starts
-// by closing the last answer with <|im_end|>, which the answer stopped at without feeding it. The
-// template's tags are special tokens. The user's text is read as the prompt is: with special
-// tokens by default (the whole turn at once, so the ids are those of the model's own chat
-// template), as plain text with --no-parse-special (the tags, the text and the tags, each alone).
-static int chat_ids(const Args *a, const Tokenizer *tok, const char *line, int first, int **ids) {
-    size_t at, len = strlen(line);
-    char *turn = chat_turn(tok, first ? a->system_prompt : NULL, line, first, a->no_think, &at);
-    size_t total = strlen(turn);
-    const char *piece[3] = {turn, turn + at, turn + at + len};
-    size_t piece_len[3] = {at, len, total - at - len};
-    int parse[3] = {1, 0, 1}, n_pieces = 3;
-    if (a->parse_special) piece_len[0] = total, n_pieces = 1;
-    int k = !first; // 1: room for the <|im_end|>
-    // at most one id per byte, a BOS and the <|im_end|>
-    *ids = (int *)xmalloc((total + 2) * sizeof(int), "a chat turn");
-    if (k) (*ids)[0] = tok->im_end_id >= 0 ? tok->im_end_id : tok->eos_id;
-    int n = k;
-    for (int i = 0; i < n_pieces; i++) {
-        int *t, nt = tokenizer_encode(tok, piece[i], piece_len[i], parse[i], &t);
-        int bos = i > 0 && tok->add_bos && tok->bos_id >= 0; // one BOS, before the first piece
-        memcpy(*ids + n, t + bos, (size_t)(nt - bos) * sizeof(int));
-        n += nt - bos;
-        free(t);
-    }
-    free(turn);
-    return n;
-}
-
 // Chat: the prompt (if any), then each line of stdin, is a user turn of Qwen's ChatML; the KV
 // cache is kept across turns.
 static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
@@ -7704,7 +7680,8 @@ static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
                 "at 4095 bytes: a long first turn goes in -f FILE.\n");
     char *line = a->prompt ? NULL : read_line_stdin(ask);
     if (!a->prompt && !line) return 0;
-    int *ids, n = chat_ids(a, tok, a->prompt ? a->prompt : line, 1, &ids);
+    int *ids, n = chat_turn_ids(tok, a->system_prompt, a->prompt ? a->prompt : line, 1,
+                                a->no_think, a->parse_special, &ids);
     free(line);
     Gen g;
     gen_init(&g, a, m, tok, n);
@@ -7722,7 +7699,7 @@ static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
         free(ids);
         ids = NULL;
         if (!(line = read_line_stdin(ask))) break;
-        n = chat_ids(a, tok, line, 0, &ids);
+        n = chat_turn_ids(tok, a->system_prompt, line, 0, a->no_think, a->parse_special, &ids);
         free(line);
     }
     free(ids);

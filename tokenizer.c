@@ -821,3 +821,32 @@ static char *chat_turn(const Tokenizer *t, const char *system, const char *user,
     if (no_think) snprintf(s + n, cap - n, "<think>\n\n</think>\n\n");
     return s;
 }
+
+// The ids of one user turn of ChatML (the first with the system prompt). A later turn starts by
+// closing the last answer with <|im_end|>, which the answer stopped at without feeding it. The
+// template's tags are special tokens. The user's text is read as the prompt is: with special tokens
+// (parse_special: the whole turn at once, so the ids are those of the model's own chat template),
+// or as plain text (the tags, the text and the tags, each alone). The count, the ids in *ids
+// (malloc'd). An id may stand for fewer bytes than one (NFC expands U+0F73, 3 bytes, to 6; an
+// ill-formed byte becomes U+FFFD, 3 bytes), so the list grows as the pieces are encoded.
+static int chat_turn_ids(const Tokenizer *t, const char *system, const char *user, int first,
+                         int no_think, int parse_special, int **ids) {
+    size_t at, len = strlen(user);
+    char *turn = chat_turn(t, first ? system : NULL, user, first, no_think, &at);
+    size_t total = strlen(turn);
+    const char *piece[3] = {turn, turn + at, turn + at + len};
+    size_t piece_len[3] = {at, len, total - at - len};
+    int parse[3] = {1, 0, 1}, n_pieces = 3;
+    if (parse_special) piece_len[0] = total, n_pieces = 1;
+    IdList out = {NULL, 0, 0};
+    if (!first) ids_push(&out, t->im_end_id >= 0 ? t->im_end_id : t->eos_id);
+    for (int i = 0; i < n_pieces; i++) {
+        int *p, np = tokenizer_encode(t, piece[i], piece_len[i], parse[i], &p);
+        int bos = i > 0 && t->add_bos && t->bos_id >= 0; // one BOS, before the first piece
+        for (int j = bos; j < np; j++) ids_push(&out, p[j]);
+        free(p);
+    }
+    free(turn);
+    *ids = out.ids;
+    return out.n;
+}

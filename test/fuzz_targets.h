@@ -110,25 +110,6 @@ static int fz_same(const char *a, size_t na, const char *b, size_t nb) {
     return na == nb && memcmp(a, b, na) == 0;
 }
 
-// ---- bugs these targets found whose fix is not in qwen.cu yet ----
-// Each is stepped around, so that a run goes on to find other bugs, and its kept inputs are
-// skipped by the replay (FUZZ_XFAIL below). Once a fix is in, delete its line here (and its
-// entries in FUZZ_XFAIL and test/fuzz_ignorelist.txt).
-//   FZ_KNOWN_CHAT_IDS: chat_ids (qwen.cu, section 11) writes a turn's ids into room for one id
-//   per byte of the turn, but NFC expands some characters (U+0F73: 3 bytes, 2 ids' worth or more)
-//   and ill-formed bytes become U+FFFD (3 bytes): a heap overflow with the real Qwen2 vocabulary;
-//   and it copies from a NULL array when a piece has no ids. The fix (chat_turn_ids in
-//   tokenizer.c) grows the array: /tmp/fuzz-patches/01-chat-turn-ids.patch. Until it is in,
-//   fz_chat runs chat_ids' steps itself and calls chat_ids only where they stay in bounds.
-#define FZ_KNOWN_CHAT_IDS 1
-//   FZ_KNOWN_CONTEXT_OVERFLOW: at a context near 2^31 (a file's context_length, and -c up to it)
-//   att_splits' n_ctx + chunk - 1 and budget_hint's lo + hi + 1 overflow an int: the budget
-//   computes a negative split count. Fix: /tmp/fuzz-patches/02-context-overflow.patch. Until it
-//   is in, the gguf target's budget stops at -c 2^29.
-#define FZ_KNOWN_CONTEXT_OVERFLOW 1
-//   (and in test/fuzz_ignorelist.txt: gpu_state_carve measures by adding offsets to a NULL
-//   pointer; fix: /tmp/fuzz-patches/03-carve-from-null.patch)
-
 // ---- the tokenizer at work: what --tokenize, --detokenize, generation and --chat do ----
 
 // The ids of one chat turn, as --chat makes them: the template's tags as special tokens, the
@@ -137,51 +118,13 @@ static void fz_chat(const Tokenizer *t, const char *system, const char *user, in
                     int no_think, int parse_special) {
     if (t->im_start_id < 0 || t->im_end_id < 0) return; // mode_chat refuses such a vocabulary
     static int *ids;
-    static char *turn;
-    free(ids), free(turn); // left by a die() in the last call
-    ids = NULL, turn = NULL;
-#ifdef FZ_KNOWN_CHAT_IDS
-    // chat_ids' own steps, counting: room for strlen(turn) + 2 ids, and a memcpy from each piece
-    size_t at, len = strlen(user);
-    turn = chat_turn(t, first ? system : NULL, user, first, no_think, &at);
-    size_t total = strlen(turn);
-    const char *piece[3] = {turn, turn + at, turn + at + len};
-    size_t piece_len[3] = {at, len, total - at - len};
-    int parse[3] = {1, 0, 1}, n_pieces = 3, n = !first, empty = 0;
-    if (parse_special) piece_len[0] = total, n_pieces = 1;
-    for (int i = 0; i < n_pieces; i++) {
-        int nt = tokenizer_encode(t, piece[i], piece_len[i], parse[i], &ids);
-        n += nt - (i > 0 && t->add_bos && t->bos_id >= 0);
-        empty |= nt == 0; // chat_ids' memcpy would read from NULL
-        free(ids);
-        ids = NULL;
-    }
-    free(turn);
-    turn = NULL;
-#ifndef TESTING
-    if ((size_t)n <= total + 2 && !empty) { // the known bugs stepped around: chat_ids itself
-        Args a;
-        memset(&a, 0, sizeof a);
-        a.system_prompt = system;
-        a.no_think = no_think;
-        a.parse_special = parse_special;
-        int n2 = chat_ids(&a, t, user, first, &ids);
-        if (n2 != n) fz_fail("chat_ids gave %d ids, its steps %d", n2, n);
-        for (int i = 0; i < n2; i++)
-            if (ids[i] < 0 || ids[i] >= t->n_vocab) fz_fail("chat_ids: id %d", ids[i]);
-        free(ids);
-        ids = NULL;
-    }
-#else
-    (void)empty; // chat_ids is not compiled under TESTING
-#endif
-#else
+    free(ids); // left by a die() in the last call
+    ids = NULL;
     int n = chat_turn_ids(t, system, user, first, no_think, parse_special, &ids);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= t->n_vocab) fz_fail("chat_turn_ids: id %d", ids[i]);
     free(ids);
     ids = NULL;
-#endif
 }
 
 // Encode text[0..len) and check the ids; decode them (with and without special tokens), stream
@@ -322,9 +265,6 @@ static int fuzz_gguf(const uint8_t *data, size_t size) {
             // the largest -c the command line lets through (it caps -c at the training context),
             // on a measured card of 16 GiB: the table, and the refusal with its hints
             int n_ctx = c->n_ctx_train;
-#ifdef FZ_KNOWN_CONTEXT_OVERFLOW
-            if (n_ctx > (1 << 29)) n_ctx = 1 << 29; // lo + hi + 1 stays below 2^31
-#endif
             Budget b;
             memset(&b, 0, sizeof b);
             budget_compute(&b, &m, n_ctx);
@@ -533,10 +473,6 @@ static int fuzz_args(const uint8_t *data, size_t size) {
 // Inputs kept in test/data/fuzz whose bug is not fixed in qwen.cu yet: listed here (target/file
 // and the fix), they are skipped rather than failed. Remove an entry once its fix is in.
 static const char *const FUZZ_XFAIL[][2] = {
-    {"gguf/context-length-2147483647",
-     "known bug: att_splits and budget_hint overflow an int (02-context-overflow.patch)"},
-    {"kld/size-check-wraps-24-bytes",
-     "known bug: kld_base_read's size product wraps around (04-kld-size-wrap.patch)"},
     {NULL, NULL},
 };
 

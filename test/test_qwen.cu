@@ -3981,6 +3981,7 @@ static void test_gpu_prefill_rows(void) {
 
 #include "test_quantize.h"
 #include "test_trained.h"
+#include "fuzz_targets.h"
 
 int main(int argc, char **argv) {
     (void)argc; (void)argv;
@@ -3992,6 +3993,7 @@ int main(int argc, char **argv) {
     // models, which a run on the CPU machine has made
     int gpu_only = getenv("QWEN_TEST_GPU_ONLY") && atoi(getenv("QWEN_TEST_GPU_ONLY"));
     g_verbose = 0;
+    test_fuzz_replays(); // first: its children are forked, and CUDA does not survive a fork
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     int gpu = HAVE_GPU = gpu_available();
     if (gpu) {
