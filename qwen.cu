@@ -7,6 +7,11 @@
 // pass has a plain-C twin in this file: the C twin is the readable specification, `--cpu` runs the
 // whole model on it, and the tests compare the two.
 //
+// Minimal in three ways only: no dependencies beyond the CUDA toolkit, one file (with tokenizer.c),
+// no abstraction layers (plain structs and functions, one kernel per step). It is not small: about
+// a quarter of it exists only for speed, and every such block says so in a first comment line that
+// starts "Speed:" and names its measurements in test/PERF_NOTES.md.
+//
 // Read it top to bottom; the sections follow one token from the file on disk to the next token:
 //
 //    1. utilities ............ errors, fp16/bf16 conversions, timers
@@ -14,21 +19,27 @@
 //    3. tensor types ......... block layouts, and dequant_unit: the definition of every format
 //    4. config & weights ..... hyper-parameters from metadata, weights looked up by name and shape
 //    5. CPU forward .......... the plain-C twin of the whole model: the math, in fp32
-//    6. GPU mat-vec .......... y = W x: the simple kernel, 16-bit activations, the two fast kernels
+//    6. GPU mat-vec .......... y = W x: the simple kernel, 16-bit activations, the per-block fast
+//                              kernel; then, for speed, the streaming kernel and its step order
 //    7. GPU layer kernels .... RMSNorm, attention (RoPE, KV store folded in), DeltaNet, SwiGLU
 //    8. prefill kernels ...... a prompt batch through a layer at once: tensor-core products, the
 //                              batch's attention and DeltaNet, the perplexity's loss per row
 //    9. GPU forward .......... VRAM budget, weight upload, the token's layer loop as a CUDA graph,
 //                              the batched prompt pass
 //   10. tokenizer & sampler .. tokenizer.c (byte-level BPE); greedy, temperature, top-k/p, min-p
-//   11. running the model .... the engine, --bench, --info, perplexity and KL-divergence files,
-//                              the command line and its modes
+//   11. running the model .... the engine, generate and chat, --bench, --info, perplexity and
+//                              KL-divergence files, the command line and its modes
 //
-// The path of one generated token: main -> mode_generate -> gen_answer -> sample, then
-// engine_forward -> forward_gpu, which replays the graph of forward_gpu_enqueue: rope_angles_kernel
-// once, then per layer rmsnorm_quant, attention_block_gpu (matvec_qkv, attention, matvec) or
-// deltanet_block_gpu (matvec_batch, gdn_token, matvec), rmsnorm_quant, ffn_gate_up, matvec; then
-// the output norm and matvec into the logits. On the CPU, forward_cpu runs the same steps in C.
+// A first reading skips every block whose first comment line starts "Speed:" (a whole subsection
+// when that line follows its title) and still has a complete, correct engine in front of it.
+//
+// The path of one generated token: main -> mode_generate -> gen_feed (the prompt) -> engine_eval
+// -> forward_gpu_batch, which runs the prompt's tokens through each layer together and gives the
+// logits of the first sampled token; then gen_answer -> sample, and per new token engine_forward ->
+// forward_gpu, which replays the graph of forward_gpu_enqueue: rope_angles_kernel once, then per
+// layer rmsnorm_quant, attention_block_gpu (matvec_qkv, attention, matvec) or deltanet_block_gpu
+// (matvec_batch, gdn_token, matvec), rmsnorm_quant, ffn_gate_up, matvec; then the output norm and
+// matvec into the logits. On the CPU, forward_cpu runs the same steps in C, one token at a time.
 //
 // Conventions used everywhere:
 //   * A weight with GGUF shape {n_in, n_out} is n_out rows of n_in elements; y[r] = dot(W[r,:], x).
@@ -1672,14 +1683,15 @@ static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
 // ------------------------------------------------------------------------------------------------
 // Decode multiplies every weight matrix by one vector per token, so a token takes as long as it
 // takes to read the weights: the mat-vec must stream them at close to the card's bandwidth. This
-// section builds it up in steps:
+// section builds it up in steps, the first five a complete fast mat-vec read in one stretch:
 //   6.1 the simple mat-vec: any type, one warp per row, fp32 (twin: matvec_c);
 //   6.2 16-bit activations: the input vector as integers, for dp4a (twin: quantize_block_c);
 //   6.3 the planes: the four fast types' weights rewritten at upload for 16-byte loads;
 //   6.4 one 32-weight sub-block times one activation block, per fast type (sub_load, sub_dot);
-//   6.5 the streaming mat-vec, for long launches (twin of 6.5 and 6.6: matvec_xq_c);
-//   6.6 the per-block mat-vec, for short launches;
-//   6.7 matvec(): which of them a launch takes.
+//   6.5 the per-block mat-vec: a block of threads per few rows (twin of 6.5, 6.6: matvec_xq_c);
+//   6.6 the streaming mat-vec, for long launches (marked "Speed:");
+//   6.7 step order and block shapes (marked "Speed:");
+//   6.8 matvec(): which kernel a launch takes.
 // Two fast kernels, because neither is the faster one for every launch: the streaming kernel wins
 // when each warp gets long runs of rows (gate/up, the output matrix), the per-block one when not.
 // Only sm_70 features are used (no bf16 arithmetic, no cp.async, no ldmatrix or mma.m16n8k*), so
@@ -1721,7 +1733,7 @@ __device__ float block_max(float v) { return block_reduce<true>(v); }
 // SiLU(x) = x * sigmoid(x) = x / (1 + e^-x), with the fast exponential (C twin: silu_c, expf).
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 
-// --- 6.1 the simple mat-vec ---------------------------------------------------------------------
+// --- 6.1 the simple mat-vec ----------------------------------------------------------------------
 // y[r] = W[r,:] . x (+ bias[r]) (+ y[r] when accumulate). One warp per row; the lanes take the
 // row's 32-weight units in turn (dequant_unit, the format's definition) and their partial sums
 // meet in a shuffle reduction. Every type the engine reads runs here; the fast types take the
@@ -1857,41 +1869,15 @@ __device__ void quantize_block_warp(float v, XQ xq, int b, int nb) {
 //
 // C twin: repack_c (the tests check repack_kernel, the IQ4_XS lookup and the step order with it).
 //
-// Step order (a first reading can skip it until 6.5, the streaming mat-vec it serves). The
-// streaming mat-vec cuts a matrix into units of MV_ROWS rows x 32 sub-blocks (unit c = row group
-// c / cpr, chunk c % cpr, cpr = n_sub / 32) and gives every warp of its grid a run of upw
-// consecutive units; at step k of the launch, warp w reads the k-th unit of its run. Row by row,
-// the units read at one step lie upw units apart, one place per warp, spread over the whole matrix;
-// DRAM streams them faster when they lie side by side. So the matrices of the streaming launches
-// without IQ4_XS (step_order_group says why not IQ4_XS) are stored with their units in the order
-// (step k, warp w), each unit's MV_ROWS rows of 32 sub-blocks together: g = (slot * MV_ROWS + r) *
-// 32 + l for row r of the unit, sub-block l of its chunk. Only matrices whose rows are whole chunks
-// and whose row count is a multiple of MV_ROWS are stored so. The rest of the layout is unchanged,
-// per sub-block (g) and per super-block (g / 8).
+// The streaming mat-vec (6.6) reads some matrices in its own order of units of MV_ROWS rows x 32
+// sub-blocks, the step order (6.7): plane_g gives the place of a sub-block in either order.
 #define MV_ROWS 4 // rows per unit of the streaming mat-vec: each activation load serves 4 rows
-// The slot of unit c of a tensor in step order. Its units are [F, G) of the launch's stream (F =
-// so.first, G = F + so.units); warps w0 = F / upw .. w1 = (G - 1) / upw read them, nw in all. Every
-// warp has steps 0 .. upw-1 of them but the first, which starts at k0 = F - w0 * upw, and the last,
-// which ends before k1 = G - w1 * upw. Slots go by step, then warp: the units of the steps before k
-// (nw each, less one for each step before k0 and one for each from k1 on), then the warps of step k
-// before w (the first warp has no step k < k0).
 typedef struct {
-    int w0, nw, k0, k1;
+    int w0, nw, k0, k1; // the warps and steps of a tensor's units in step order (so_warps, 6.7)
 } StepWarps;
-__host__ __device__ static inline StepWarps so_warps(StepOrder so) {
-    int w0 = so.first / so.upw, w1 = (so.first + so.units - 1) / so.upw;
-    StepWarps sw = {w0, w1 - w0 + 1, so.first - w0 * so.upw, so.first + so.units - w1 * so.upw};
-    return sw;
-}
-// the slot of the unit that warp w reads at step k
-__host__ __device__ static inline unsigned so_slot_kw(StepWarps sw, int k, int w) {
-    return (unsigned)(k * sw.nw - (k < sw.k0 ? k : sw.k0) - (k > sw.k1 ? k - sw.k1 : 0) + w -
-                      sw.w0 - (k < sw.k0));
-}
-__host__ __device__ static inline unsigned so_slot(StepOrder so, int c) {
-    int s = so.first + c;
-    return so_slot_kw(so_warps(so), s % so.upw, s / so.upw);
-}
+__host__ __device__ static inline StepWarps so_warps(StepOrder so);
+__host__ __device__ static inline unsigned so_slot_kw(StepWarps sw, int k, int w);
+__host__ __device__ static inline unsigned so_slot(StepOrder so, int c);
 // The plane index g of sub-block u of row `row` (n_sub sub-blocks per row).
 __host__ __device__ static inline unsigned plane_g(StepOrder so, int row, int u, int n_sub) {
     if (!so.upw) return (unsigned)row * n_sub + u;
@@ -2017,7 +2003,7 @@ __global__ void repack_kernel(int type, int type_size,
     if (i < n_blocks) repack_block(type, src + i * type_size, dst, b0 + i, NB, so, n_sub);
 }
 
-// --- 6.4 one sub-block times one activation block, per fast type -------------------------------
+// --- 6.4 one sub-block times one activation block, per fast type ---------------------------------
 // sum_{e<32} w[e] * x^[e] for sub-block g of the weights, where x^ = s * X is the quantized
 // activation block. The weights' 32 values are rebuilt as int8 lanes of eight 32-bit words (lo[k]:
 // elements 4k..4k+3, hi[k]: 16+4k..16+4k+3), which pair with the activation chunks as stored.
@@ -2288,7 +2274,163 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
     return b;
 }
 
-// --- 6.5 the streaming mat-vec ------------------------------------------------------------------
+// --- 6.5 the per-block mat-vec -------------------------------------------------------------------
+// y[r] = W[r,:] . x (+ bias[r]) (+ y[r]) for the fast types. A block owns R consecutive rows and
+// all its threads walk the rows' sub-blocks together (thread t takes sub-blocks t, t + T, ...), so
+// every activation block a thread loads serves R rows, and even a short row keeps a whole block of
+// loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
+// C twin: matvec_xq_c.
+#define FAST_ROWS 8          // rows per block: more rows share each activation load and put more
+                             // bytes in flight; half of it for long rows and Q4_0 (matvec())
+#define FAST_MAX_THREADS 256 // threads per block at most (fast_threads)
+// LOADS_FIRST: a __syncwarp() between a pass's loads and its arithmetic. Left alone, ptxas issues
+// the loads of row r+1 only once row r's arithmetic is under way (it saves registers that way):
+// one or two loads in flight per thread. A warp barrier is a point no memory access may cross, so
+// every load is issued before it, at the cost of registers for all of them. It pays for rows of
+// several passes, for the batch kernel and for Q4_0's one-pass rows at 4 rows per block, and not
+// for the other types' one-pass rows at 8 (the extra registers cost resident blocks).
+template <int TYPE, int R, bool LOADS_FIRST>
+__device__ __forceinline__ void
+fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
+          const XQ &xq,       // (n_sub) blocks of the input
+          const float *bias,  // (n_out) or NULL
+          float *y,           // (n_out)
+          int n_sub, int n_out, int row0, int accumulate) {
+    __shared__ float part[FAST_MAX_THREADS / WARP][R];
+    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    size_t NB = (size_t)n_out * n_sub;
+    Iq4Lut lut = d_iq4_lut;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    // With the barrier the loop bound is the same for a whole warp (its first lane's sub-block):
+    // __syncwarp() needs every lane, so lanes past the row's end redo its last sub-block and drop
+    // the result. Without it, each thread stops at the end of the row.
+    for (int u0 = threadIdx.x - (LOADS_FIRST ? lane : 0); u0 < n_sub; u0 += blockDim.x) {
+        int u = LOADS_FIRST ? min(u0 + lane, n_sub - 1) : u0;
+        // all R rows' loads first (rows past the end read the last row and are not written)
+        WSub w[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            w[r] = sub_load<TYPE>(W, (unsigned)min(row0 + r, n_out - 1) * n_sub + u, NB);
+        XBlock xb = load_xblock(xq, u, n_sub);
+        if (LOADS_FIRST) __syncwarp();
+        if (!LOADS_FIRST || u0 + lane < n_sub) {
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] += sub_dot<TYPE>(w[r], u % 8, xb, lut);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) part[wid][r] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < R && row0 + (int)threadIdx.x < n_out) {
+        int r = threadIdx.x;
+        float v = 0.0f;
+        for (int w = 0; w < nw; w++) v += part[w][r];
+        if (bias) v += bias[row0 + r];
+        y[row0 + r] = accumulate ? y[row0 + r] + v : v;
+    }
+}
+
+// One matrix, R rows per block. C twin: matvec_xq_c.
+template <int TYPE, int R, bool LOADS_FIRST>
+__global__ void __launch_bounds__(FAST_MAX_THREADS)
+matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */,
+                   XQ xq /* (n_sub) blocks */, const float *bias /* (n_out) or NULL */,
+                   float *y /* (n_out) */, int n_sub, int n_out, int accumulate) {
+    fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
+}
+
+#define BATCH_MAX 4 // matrices of one launch at most
+
+// Up to four mat-vecs on the same input in one launch (q, k, v; or DeltaNet's qkv, z, beta, alpha):
+// each block finds its matrix by its index; the matrices may have different fast types.
+// C twin: matvec_xq_c per matrix.
+typedef struct {
+    const uint8_t *w[BATCH_MAX];    // planes of matrix i, NB = n_out[i] * n_sub sub-blocks
+    const float *bias[BATCH_MAX];   // (n_out[i]) or NULL
+    float *y[BATCH_MAX];            // (n_out[i]) out
+    int type[BATCH_MAX], n_out[BATCH_MAX];
+    int first_block[BATCH_MAX + 1]; // blocks before matrix i; first_block[n] = all blocks
+    int n;
+} MatVecBatch;
+
+// C twin: matvec_xq_c per matrix.
+__global__ void __launch_bounds__(FAST_MAX_THREADS)
+matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
+    int m = 0;
+    while (m + 1 < b.n && (int)blockIdx.x >= b.first_block[m + 1]) m++;
+    int row0 = ((int)blockIdx.x - b.first_block[m]) * FAST_ROWS;
+#define ROWS(T)                                                                                    \
+    fast_rows<T, FAST_ROWS, true>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0)
+    FAST_TYPE_SWITCH(b.type[m], ROWS)
+#undef ROWS
+}
+
+// Threads per block for rows of n_sub sub-blocks: as few passes as 256 threads allow, the passes
+// evenly filled, whole warps.
+static int fast_threads(int n_sub) {
+    int passes = (n_sub + FAST_MAX_THREADS - 1) / FAST_MAX_THREADS;
+    int t = (n_sub + passes - 1) / passes;
+    return (t + WARP - 1) / WARP * WARP;
+}
+
+// One matrix in planes on the per-block kernel: y = W x^ (+ bias) (+ y when accumulate).
+static void matvec_blocks(const Tensor *W, const XQ &xq /* (n_in / 32) blocks */,
+                          float *y /* (n_out) */, const float *bias /* (n_out) or NULL */,
+                          int accumulate, cudaStream_t st) {
+    const uint8_t *w = (const uint8_t *)W->dev;
+    if (W->so.upw)
+        die("mat-vec '%s': planes in step order, but the launch does not stream", W->name);
+    // Rows longer than one pass of the block (the FFN down projections) take half the rows per
+    // block, all loads first: twice the blocks, since each one walks its rows pass after pass.
+    // So do Q4_0's one-pass rows: their arithmetic is short, so the loads are what a block
+    // waits on. The other types' one-pass rows take FAST_ROWS, no barrier.
+    int n_in = (int)W->n_in, n_out = (int)W->n_out;
+    int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
+    int half = long_rows || W->type == GGML_TYPE_Q4_0;
+    int R = half ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
+#define FAST(T)                                                                                    \
+    if (half)                                                                                      \
+        matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(                    \
+            w, xq, bias, y, n_sub, n_out, accumulate);                                             \
+    else                                                                                           \
+        matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(                       \
+            w, xq, bias, y, n_sub, n_out, accumulate)
+    FAST_TYPE_SWITCH(W->type, FAST)
+#undef FAST
+    KERNEL_CHECK();
+}
+
+// n matrices in planes on the per-block kernel, in one launch: y_i = W_i x^ (+ b_i).
+static void matvec_blocks_batch(int n, const Tensor *const *W, const float *const *bias,
+                                float *const *y, const XQ &xq, cudaStream_t st) {
+    MatVecBatch b;
+    memset(&b, 0, sizeof b);
+    b.n = n;
+    for (int i = 0; i < n; i++) {
+        if (W[i]->so.upw)
+            die("mat-vec '%s': planes in step order, but the launch does not stream", W[i]->name);
+        b.w[i] = (const uint8_t *)W[i]->dev;
+        b.bias[i] = bias[i];
+        b.y[i] = y[i];
+        b.type[i] = W[i]->type;
+        b.n_out[i] = (int)W[i]->n_out;
+        b.first_block[i + 1] = b.first_block[i] + (b.n_out[i] + FAST_ROWS - 1) / FAST_ROWS;
+    }
+    int n_sub = (int)W[0]->n_in / 32;
+    matvec_fast_batch_kernel<<<b.first_block[n], fast_threads(n_sub), 0, st>>>(b, xq, n_sub);
+    KERNEL_CHECK();
+}
+
+// --- 6.6 the streaming mat-vec -------------------------------------------------------------------
+// Speed: the launches whose warps get long runs of rows (gate/up, the DeltaNet in-projections, the
+// output matrix) stream at 91-96 % of copy bandwidth here, 73 % on 6.5 (test/PERF_NOTES.md,
+// "Mat-vec (section 6)"). A first reading can skip to section 7: 6.5 computes the same y.
+//
 // One launch computes up to BATCH_MAX matrices that read the same input (q, k, v; DeltaNet's qkv,
 // z, beta, alpha; gate and up). Rows are taken MV_ROWS at a time (a row group) and cut into chunks
 // of 32 sub-blocks (1024 weights): lane l of a warp takes sub-block 32*kk + l of chunk kk of every
@@ -2310,20 +2452,9 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 // work however the shapes divide, and even a small matrix spreads over the whole GPU. Weights are
 // loaded evict-first (ldw): they are read once, and L1 and L2 keep the input vector.
 //
-// The block shape (mv_threads): one block per SM of 640 threads (20 warps, 96 registers each) for
-// the launches of one type, IQ4_XS, or Q4_0 or Q6_K in step order (gate/up, the output matrix, the
-// Q4_0 files' other streamed launches); one of 512 (16 warps, 128 registers) for row-by-row
-// launches that mix IQ4_XS with another type, whose kernel spills registers at 640; two blocks of
-// 256 for the rest (mixed launches in step order among them). One block, because an SM's warp
-// schedulers favour the older of two resident blocks: the second block of each SM ends its equal
-// run late, and every launch would end with one block per SM working alone. 640 threads, because
-// the loop is held by memory latency and by the IQ4_XS lookup's arithmetic in turn, and four more
-// warps per SM hide more of both (768 threads spill).
-//
 // C twin: matvec_xq_c per matrix.
 #define MV_SM_THREADS 512  // threads per SM of the two-block and mixed shapes: 128 registers each
 #define MV_MAX_WARPS 16384 // warps of one grid at most (an H200 holds 132 x 20 at 640 threads)
-#define BATCH_MAX 4
 
 typedef struct {
     const uint8_t *w[BATCH_MAX];    // planes of matrix m, NB = n_out * n_sub sub-blocks
@@ -2518,6 +2649,66 @@ matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
     }
 }
 
+// Add matrix W (in planes) to the plan: y = W x (+ bias).
+static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y) {
+    int m = p->n++, cpr = (int)(W->n_in / 32 + WARP - 1) / WARP,
+        groups = (int)(W->n_out + MV_ROWS - 1) / MV_ROWS;
+    p->w[m] = (const uint8_t *)W->dev;
+    p->bias[m] = bias;
+    p->y[m] = y;
+    p->type[m] = W->type;
+    p->n_out[m] = (int)W->n_out;
+    p->so[m] = W->so;
+    p->first_unit[m + 1] = p->first_unit[m] + groups * cpr;
+}
+
+// --- 6.7 step order and block shapes -------------------------------------------------------------
+// Speed: two choices that 6.6 computes the same y under, each measured faster on the 27B/32B
+// files (test/PERF_NOTES.md, "Mat-vec (section 6)"): the order of the streamed matrices' planes,
+// and the streaming kernel's block shape.
+//
+// Step order. The streaming mat-vec cuts a matrix into units of MV_ROWS rows x 32 sub-blocks (unit
+// c = row group c / cpr, chunk c % cpr, cpr = n_sub / 32) and gives every warp of its grid a run of
+// upw consecutive units; at step k of the launch, warp w reads the k-th unit of its run. Row by
+// row, the units read at one step lie upw units apart, one place per warp, spread over the whole
+// matrix; DRAM streams them faster when they lie side by side. So the matrices of the streaming
+// launches without IQ4_XS (step_order_group says why not IQ4_XS) are stored with their units in the
+// order (step k, warp w), each unit's MV_ROWS rows of 32 sub-blocks together: g = (slot * MV_ROWS +
+// r) * 32 + l for row r of the unit, sub-block l of its chunk. Only matrices whose rows are whole
+// chunks and whose row count is a multiple of MV_ROWS are stored so. The rest of the layout is
+// unchanged, per sub-block (g) and per super-block (g / 8).
+//
+// The slot of unit c of a tensor in step order. Its units are [F, G) of the launch's stream (F =
+// so.first, G = F + so.units); warps w0 = F / upw .. w1 = (G - 1) / upw read them, nw in all. Every
+// warp has steps 0 .. upw-1 of them but the first, which starts at k0 = F - w0 * upw, and the last,
+// which ends before k1 = G - w1 * upw. Slots go by step, then warp: the units of the steps before k
+// (nw each, less one for each step before k0 and one for each from k1 on), then the warps of step k
+// before w (the first warp has no step k < k0).
+__host__ __device__ static inline StepWarps so_warps(StepOrder so) {
+    int w0 = so.first / so.upw, w1 = (so.first + so.units - 1) / so.upw;
+    StepWarps sw = {w0, w1 - w0 + 1, so.first - w0 * so.upw, so.first + so.units - w1 * so.upw};
+    return sw;
+}
+// the slot of the unit that warp w reads at step k
+__host__ __device__ static inline unsigned so_slot_kw(StepWarps sw, int k, int w) {
+    return (unsigned)(k * sw.nw - (k < sw.k0 ? k : sw.k0) - (k > sw.k1 ? k - sw.k1 : 0) + w -
+                      sw.w0 - (k < sw.k0));
+}
+__host__ __device__ static inline unsigned so_slot(StepOrder so, int c) {
+    int s = so.first + c;
+    return so_slot_kw(so_warps(so), s % so.upw, s / so.upw);
+}
+
+// The block shape (mv_threads): one block per SM of 640 threads (20 warps, 96 registers each) for
+// the launches of one type, IQ4_XS, or Q4_0 or Q6_K in step order (gate/up, the output matrix, the
+// Q4_0 files' other streamed launches); one of 512 (16 warps, 128 registers) for row-by-row
+// launches that mix IQ4_XS with another type, whose kernel spills registers at 640; two blocks of
+// 256 for the rest (mixed launches in step order among them). One block, because an SM's warp
+// schedulers favour the older of two resident blocks: the second block of each SM ends its equal
+// run late, and every launch would end with one block per SM working alone. 640 threads, because
+// the loop is held by memory latency and by the IQ4_XS lookup's arithmetic in turn, and four more
+// warps per SM hide more of both (768 threads spill).
+
 // Warps of matvec_stream_kernel the GPU holds at once at 16 per SM (asked once; the shapes of 512
 // and 2 x 256 threads); mv_plan_runs scales it for the 640-thread shape.
 static int mv_grid_warps(void) {
@@ -2534,20 +2725,7 @@ static int mv_grid_warps(void) {
     return warps;
 }
 
-// Add matrix W (in planes) to the plan: y = W x (+ bias).
-static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y) {
-    int m = p->n++, cpr = (int)(W->n_in / 32 + WARP - 1) / WARP,
-        groups = (int)(W->n_out + MV_ROWS - 1) / MV_ROWS;
-    p->w[m] = (const uint8_t *)W->dev;
-    p->bias[m] = bias;
-    p->y[m] = y;
-    p->type[m] = W->type;
-    p->n_out[m] = (int)W->n_out;
-    p->so[m] = W->so;
-    p->first_unit[m + 1] = p->first_unit[m] + groups * cpr;
-}
-
-// The launch's block shape (see the top of this part): one block of MV_ONE_BLOCK threads per SM for
+// The launch's block shape (the paragraph above): one block of MV_ONE_BLOCK threads per SM for
 // launches of one type, Q4_0 or Q6_K in step order or IQ4_XS; one of 512 for launches that mix
 // IQ4_XS with another type row by row (at 640 threads their kernel spills registers, as does Q5_K's
 // in step order on sm_70); two blocks of 256 for the rest (Q5_K alone, row-by-row launches without
@@ -2614,115 +2792,13 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     KERNEL_CHECK();
 }
 
-// --- 6.6 the per-block mat-vec ------------------------------------------------------------------
-// y[r] = W[r,:] . x (+ bias[r]) (+ y[r]) for the fast types. A block owns R consecutive rows and
-// all its threads walk the rows' sub-blocks together (thread t takes sub-blocks t, t + T, ...), so
-// every activation block a thread loads serves R rows, and even a short row keeps a whole block of
-// loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
-// C twin: matvec_xq_c.
-#define FAST_ROWS 8          // rows per block: more rows share each activation load and put more
-                             // bytes in flight; half of it for long rows and Q4_0 (matvec())
-#define FAST_MAX_THREADS 256 // threads per block at most (fast_threads)
-// LOADS_FIRST: a __syncwarp() between a pass's loads and its arithmetic. Left alone, ptxas issues
-// the loads of row r+1 only once row r's arithmetic is under way (it saves registers that way):
-// one or two loads in flight per thread. A warp barrier is a point no memory access may cross, so
-// every load is issued before it, at the cost of registers for all of them. It pays for rows of
-// several passes, for the batch kernel and for Q4_0's one-pass rows at 4 rows per block, and not
-// for the other types' one-pass rows at 8 (the extra registers cost resident blocks).
-template <int TYPE, int R, bool LOADS_FIRST>
-__device__ __forceinline__ void
-fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
-          const XQ &xq,       // (n_sub) blocks of the input
-          const float *bias,  // (n_out) or NULL
-          float *y,           // (n_out)
-          int n_sub, int n_out, int row0, int accumulate) {
-    __shared__ float part[FAST_MAX_THREADS / WARP][R];
-    int lane = threadIdx.x % WARP, wid = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    size_t NB = (size_t)n_out * n_sub;
-    Iq4Lut lut = d_iq4_lut;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    // With the barrier the loop bound is the same for a whole warp (its first lane's sub-block):
-    // __syncwarp() needs every lane, so lanes past the row's end redo its last sub-block and drop
-    // the result. Without it, each thread stops at the end of the row.
-    for (int u0 = threadIdx.x - (LOADS_FIRST ? lane : 0); u0 < n_sub; u0 += blockDim.x) {
-        int u = LOADS_FIRST ? min(u0 + lane, n_sub - 1) : u0;
-        // all R rows' loads first (rows past the end read the last row and are not written)
-        WSub w[R];
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            w[r] = sub_load<TYPE>(W, (unsigned)min(row0 + r, n_out - 1) * n_sub + u, NB);
-        XBlock xb = load_xblock(xq, u, n_sub);
-        if (LOADS_FIRST) __syncwarp();
-        if (!LOADS_FIRST || u0 + lane < n_sub) {
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[r] += sub_dot<TYPE>(w[r], u % 8, xb, lut);
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) part[wid][r] = v;
-    }
-    __syncthreads();
-    if (threadIdx.x < R && row0 + (int)threadIdx.x < n_out) {
-        int r = threadIdx.x;
-        float v = 0.0f;
-        for (int w = 0; w < nw; w++) v += part[w][r];
-        if (bias) v += bias[row0 + r];
-        y[row0 + r] = accumulate ? y[row0 + r] + v : v;
-    }
-}
-
-// One matrix, R rows per block. C twin: matvec_xq_c.
-template <int TYPE, int R, bool LOADS_FIRST>
-__global__ void __launch_bounds__(FAST_MAX_THREADS)
-matvec_fast_kernel(const uint8_t *W /* planes, NB = n_out * n_sub sub-blocks */,
-                   XQ xq /* (n_sub) blocks */, const float *bias /* (n_out) or NULL */,
-                   float *y /* (n_out) */, int n_sub, int n_out, int accumulate) {
-    fast_rows<TYPE, R, LOADS_FIRST>(W, xq, bias, y, n_sub, n_out, blockIdx.x * R, accumulate);
-}
-
-// Up to four mat-vecs on the same input in one launch (q, k, v; or DeltaNet's qkv, z, beta, alpha):
-// each block finds its matrix by its index; the matrices may have different fast types.
-// C twin: matvec_xq_c per matrix.
-typedef struct {
-    const uint8_t *w[BATCH_MAX];    // planes of matrix i, NB = n_out[i] * n_sub sub-blocks
-    const float *bias[BATCH_MAX];   // (n_out[i]) or NULL
-    float *y[BATCH_MAX];            // (n_out[i]) out
-    int type[BATCH_MAX], n_out[BATCH_MAX];
-    int first_block[BATCH_MAX + 1]; // blocks before matrix i; first_block[n] = all blocks
-    int n;
-} MatVecBatch;
-
-// C twin: matvec_xq_c per matrix.
-__global__ void __launch_bounds__(FAST_MAX_THREADS)
-matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
-    int m = 0;
-    while (m + 1 < b.n && (int)blockIdx.x >= b.first_block[m + 1]) m++;
-    int row0 = ((int)blockIdx.x - b.first_block[m]) * FAST_ROWS;
-#define ROWS(T)                                                                                    \
-    fast_rows<T, FAST_ROWS, true>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0)
-    FAST_TYPE_SWITCH(b.type[m], ROWS)
-#undef ROWS
-}
-
-// Threads per block for rows of n_sub sub-blocks: as few passes as 256 threads allow, the passes
-// evenly filled, whole warps.
-static int fast_threads(int n_sub) {
-    int passes = (n_sub + FAST_MAX_THREADS - 1) / FAST_MAX_THREADS;
-    int t = (n_sub + passes - 1) / passes;
-    return (t + WARP - 1) / WARP * WARP;
-}
-
-// --- 6.7 matvec(): which kernel a launch takes ---------------------------------------------------
-// Both fast kernels exist because each is the faster one for part of a token's launches: the
-// streaming kernel for long runs (a warp's run holds about two whole row groups or more: gate/up,
-// the DeltaNet in-projections, the output matrix), the per-block kernel for short ones, where the
-// streaming kernel's runs become chains of memory latencies whose row groups warps share
-// (ffn_down, the attention projections, ssm_out). The runs are counted for a grid of 16 warps per
-// SM (mv_grid_warps), whatever block shape the launch then takes.
+// --- 6.8 matvec(): which kernel a launch takes ---------------------------------------------------
+// Both fast kernels exist because each is the faster one for part of a
+// token's launches: the streaming kernel for long runs (a warp's run holds about two whole row
+// groups or more: gate/up, the DeltaNet in-projections, the output matrix), the per-block kernel
+// for short ones, where the streaming kernel's runs become chains of memory latencies whose row
+// groups warps share (ffn_down, the attention projections, ssm_out). The runs are counted for a
+// grid of 16 warps per SM (mv_grid_warps), whatever block shape the launch then takes.
 enum { MV_AUTO, MV_STREAM, MV_BLOCKS };
 static int g_mv_mode = MV_AUTO; // MV_STREAM / MV_BLOCKS force one kernel: the tests run both
 static int mv_use_stream(const MvPlan *p, int n_in) {
@@ -2748,25 +2824,7 @@ static void matvec(const Tensor *W, const Act *in, float *y /* (n_out) */,
             matvec_stream(&p, in->q, n_in, st);
             return;
         }
-        if (W->so.upw)
-            die("mat-vec '%s': planes in step order, but the launch does not stream", W->name);
-        // Rows longer than one pass of the block (the FFN down projections) take half the rows per
-        // block, all loads first: twice the blocks, since each one walks its rows pass after pass.
-        // So do Q4_0's one-pass rows: their arithmetic is short, so the loads are what a block
-        // waits on. The other types' one-pass rows take FAST_ROWS, no barrier.
-        int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
-        int half = long_rows || W->type == GGML_TYPE_Q4_0;
-        int R = half ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
-#define FAST(T)                                                                                    \
-    if (half)                                                                                      \
-        matvec_fast_kernel<T, FAST_ROWS / 2, true><<<blocks, threads, 0, st>>>(                    \
-            w, in->q, bias, y, n_sub, n_out, accumulate);                                          \
-    else                                                                                           \
-        matvec_fast_kernel<T, FAST_ROWS, false><<<blocks, threads, 0, st>>>(                       \
-            w, in->q, bias, y, n_sub, n_out, accumulate)
-        FAST_TYPE_SWITCH(W->type, FAST)
-#undef FAST
-        KERNEL_CHECK();
+        matvec_blocks(W, in->q, y, bias, accumulate, st);
         return;
     }
     const int rows_per_block = 4;
@@ -2806,22 +2864,7 @@ static void matvec_batch(int n, const Tensor *const *W, const float *const *bias
         matvec_stream(&p, in->q, (int)W[0]->n_in, st);
         return;
     }
-    MatVecBatch b;
-    memset(&b, 0, sizeof b);
-    b.n = n;
-    for (int i = 0; i < n; i++) {
-        if (W[i]->so.upw)
-            die("mat-vec '%s': planes in step order, but the launch does not stream", W[i]->name);
-        b.w[i] = (const uint8_t *)W[i]->dev;
-        b.bias[i] = bias[i];
-        b.y[i] = y[i];
-        b.type[i] = W[i]->type;
-        b.n_out[i] = (int)W[i]->n_out;
-        b.first_block[i + 1] = b.first_block[i] + (b.n_out[i] + FAST_ROWS - 1) / FAST_ROWS;
-    }
-    int n_sub = (int)W[0]->n_in / 32;
-    matvec_fast_batch_kernel<<<b.first_block[n], fast_threads(n_sub), 0, st>>>(b, in->q, n_sub);
-    KERNEL_CHECK();
+    matvec_blocks_batch(n, W, bias, y, in->q, st);
 }
 
 // q, k and v from the same normalized input.
@@ -3443,7 +3486,7 @@ static void attention_setup(int n_head, int n_kv, int hd) {
                                         (int)smem));
 }
 
-// --- 7.3 Gated DeltaNet (qwen35) ----------------------------------------------------------------
+// --- 7.3 Gated DeltaNet (qwen35) -----------------------------------------------------------------
 // Linear attention with a recurrent state per v head, an S x S matrix M. Per token:
 //   conv   [q | k | v] = silu(causal 4-tap conv of the qkv projection)        gdn_conv_c
 //   norms  q = q / ||q||,  k = k / ||k||                                        l2norm_c
@@ -5920,7 +5963,7 @@ static int sample(Sampler *s, const float *logits) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// 11. Running the model: the engine, --bench, --info, perplexity and KL divergence, the CLI
+// 11. Running the model: the engine, generate and chat, --bench, --info, perplexity, the CLI
 // ------------------------------------------------------------------------------------------------
 
 // The forward pass on either device, behind one call.
@@ -6059,6 +6102,295 @@ static int parse_ids(const char *opt, const char *s, int **out) {
     return n;
 }
 
+// Logits that hold a NaN or an infinity give no probabilities: every mode stops there, naming the
+// position (and the chunk: 0 outside perplexity).
+static void die_not_finite(int pos, int chunk) {
+    char where[48] = "";
+    if (chunk > 0) snprintf(where, sizeof where, " of chunk %d", chunk);
+    die("the logits at position %d%s are not finite (NaN or infinity): the model's weights hold "
+        "such values, or its activations overflowed", pos, where);
+}
+static void check_finite(const float *logits, int n, int pos, int chunk) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(logits[i])) die_not_finite(pos, chunk);
+}
+
+// --- a run: its mode and options -----------------------------------------------------------------
+// main reads the flags (parse_args, at the end of the file), opens the model, and hands over to
+// one mode: generate or chat (next), tokenize, detokenize, info, bench, perplexity (writing a
+// KL-divergence base file, or scoring against one), or diff (another engine's logits against
+// ours). A run has one mode, and every option names the modes it applies to: an option given to a
+// mode it does not apply to is an error, never silently ignored.
+
+enum {
+    MODE_GENERATE = 1,    // from -p, -f or --tokens (the default)
+    MODE_CHAT = 2,        // --chat
+    MODE_PERPLEXITY = 4,  // --perplexity, and --kl-divergence-base FILE to write a base file
+    MODE_KLD = 8,         // --kl-divergence: score against a base file, on its own tokens
+    MODE_TOKENIZE = 16,   // --tokenize
+    MODE_DETOKENIZE = 32, // --detokenize
+    MODE_INFO = 64,       // --info
+    MODE_BENCH = 128,     // --bench
+    MODE_DIFF = 256,      // --diff-logits FILE: another engine's logits against ours
+    N_MODES = 9,
+};
+// one name per MODE_* bit, in the bits' order
+static const char *const MODE_NAMES[N_MODES] = {"generation (-p, -f or --tokens)", "--chat",
+                                                "--perplexity", "--kl-divergence", "--tokenize",
+                                                "--detokenize", "--info", "--bench",
+                                                "--diff-logits"};
+static const char *mode_name(int mode) {
+    for (int i = 0; i < N_MODES; i++)
+        if (mode == 1 << i) return MODE_NAMES[i];
+    return "?";
+}
+
+typedef struct {
+    const char *model_path, *prompt, *prompt_file, *tokens_arg, *detok_arg;
+    const char *system_prompt, *dump_path, *kld_base_path;
+    const char *diff_path, *diff_out; // --diff-logits THEIRS, --diff-out FILE.tsv
+    double diff_max_kl;               // --diff-max-kl: the exit status's threshold
+    size_t prompt_len;       // bytes of prompt (-f files may hold NUL bytes)
+    char *prompt_buf;        // the -f file's bytes, or NULL
+    int mode;                // one MODE_*
+    const char *mode_flag;   // the option that chose it ("" for generation)
+    int no_think, special, parse_special;
+    int ppl, kld, max_chunks, use_cpu;
+    int n_predict, n_ctx, ctx_given, n_batch, batch_given, vram_given, threads_given, ngl_given;
+    float temp, top_p, min_p;
+    int top_k;
+    long long seed;
+    struct { const char *opt; int modes; } used[64]; // each option given, and where it applies
+    int n_used;
+} Args;
+
+// An output file (a logits dump, a KL-divergence base), opened for writing once the run is sure to
+// start. A regular file is the partial file until it is complete: an error or a signal deletes it.
+// (Not a device or a FIFO: /dev/stdout is no partial file to delete.)
+static FILE *open_output(const char *path) {
+    struct stat st; // partial from before the open: a signal in between leaves no empty file
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) g_partial_file = path;
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        g_partial_file = NULL; // nothing was made: nothing to delete
+        die("cannot write '%s': %s", path, strerror(errno));
+    }
+    return f;
+}
+
+// --- generate and chat ---------------------------------------------------------------------------
+// A prompt (or a chat turn) goes through the model at once; then tokens are sampled, printed and
+// fed back one at a time until an end-of-generation token, -n tokens or a full context.
+typedef struct {
+    Engine e;
+    Sampler smp;
+    const Tokenizer *tok; // NULL when the file has no vocabulary: tokens are printed as ids
+    Stream out;           // the UTF-8 printer (tokenizer.c)
+    int special, n_predict, n_ctx, pos;
+    int chat;             // an answer cut by -n says so (a generation's end at -n is the plan)
+    int n_prompt, n_eval;
+    double t_prompt, t_gen, bytes;
+} Gen;
+
+// --dump-logits: every prompt position's logits, as raw float32 rows
+typedef struct {
+    FILE *f;
+    const char *path;
+    int n_vocab;
+} DumpCtx;
+static void dump_logits(void *ctx, int i, const float *logits) {
+    DumpCtx *d = (DumpCtx *)ctx;
+    check_finite(logits, d->n_vocab, i, 0);
+    if (fwrite(logits, sizeof(float), d->n_vocab, d->f) != (size_t)d->n_vocab)
+        die("writing '%s' failed", d->path);
+}
+
+// Feed ids[0..n) at g->pos; with dump, every position's logits go to it. The logits after the last.
+static float *gen_feed(Gen *g, const int *ids, int n, DumpCtx *dump) {
+    double t0 = now_sec();
+    float *logits = engine_eval(&g->e, ids, n, g->pos, dump ? 0 : n - 1,
+                                dump ? dump_logits : NULL, dump);
+    g->pos += n;
+    g->t_prompt += now_sec() - t0;
+    g->n_prompt += n;
+    return logits;
+}
+
+// One token to stdout: its text (a UTF-8 sequence split across tokens is held back until it is
+// whole), or its id when the file has no vocabulary.
+static void gen_print(Gen *g, int id) {
+    if (!g->tok) {
+        printf("%d ", id);
+        g_stdout_midline = 1;
+        return;
+    }
+    int len;
+    const char *p = tokenizer_piece(g->tok, id, g->special, &len);
+    stream_bytes(&g->out, p, len);
+    if (len > 0) g_stdout_midline = p[len - 1] != '\n';
+}
+
+// The answer to what was fed: sample from logits, print, feed back.
+static void gen_answer(Gen *g, float *logits) {
+    const Config *c = &g->e.m->c;
+    for (int n_gen = 0; n_gen < g->n_predict;) {
+        int next = sample(&g->smp, logits);
+        if (next < 0) die_not_finite(g->pos - 1, 0);
+        n_gen++;
+        int eog = g->tok && tokenizer_is_eog(g->tok, next);
+        if (!eog || g->special) gen_print(g, next);
+        fflush(stdout);
+        if (eog) break;
+        if (n_gen == g->n_predict) {
+            if (g->chat) fprintf(stderr, "\n[the answer reached -n %d tokens: raise -n]", n_gen);
+            break;
+        }
+        if (g->pos >= g->n_ctx) {
+            fprintf(stderr, "\n[context full: %d tokens]\n", g->pos);
+            break;
+        }
+        double t1 = now_sec();
+        logits = engine_forward(&g->e, next, g->pos);
+        g->t_gen += now_sec() - t1;
+        if (g->e.use_gpu) g->bytes += bytes_per_token(c, &g->e.gpu, g->pos + 1);
+        g->pos++;
+        g->n_eval++;
+    }
+    stream_flush(&g->out);
+    printf("\n");
+    g_stdout_midline = 0;
+}
+
+// The engine, sampler and printer of a run whose first prompt has n_prompt tokens, which must fit
+// the context.
+static void gen_init(Gen *g, const Args *a, Model *m, const Tokenizer *tok, int n_prompt) {
+    if (n_prompt > a->n_ctx)
+        die("the prompt has %d tokens but the context is %d: raise -c", n_prompt, a->n_ctx);
+    memset(g, 0, sizeof *g);
+    engine_init(&g->e, m, !a->use_cpu, a->n_ctx);
+    sampler_init(&g->smp, m->c.n_vocab, a->temp, a->top_k, a->top_p, a->min_p,
+                 (uint64_t)a->seed);
+    fprintf(stderr, "sampling: temp %.2f, top-k %d, top-p %.2f, min-p %.2f, seed %lld\n", a->temp,
+            a->top_k, a->top_p, a->min_p, a->seed);
+    g->tok = tok;
+    g->out.f = stdout;
+    g->special = a->special;
+    g->n_predict = a->n_predict;
+    g->n_ctx = a->n_ctx;
+}
+
+// The timing lines of every run: prompt and decode speed, the decode's bytes per second, and
+// what the card holds.
+static void gen_finish(Gen *g) {
+    fprintf(stderr, "\nprompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens "
+            "per second)\n", g->t_prompt * 1e3, g->n_prompt, g->t_prompt * 1e3 / g->n_prompt,
+            g->n_prompt / g->t_prompt);
+    if (g->n_eval > 0) {
+        fprintf(stderr, "       eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f "
+                "tokens per second)\n", g->t_gen * 1e3, g->n_eval, g->t_gen * 1e3 / g->n_eval,
+                g->n_eval / g->t_gen);
+        if (g->e.use_gpu)
+            fprintf(stderr, "decode bandwidth = %.1f GB/s (%.1f MB read per token)\n",
+                    g->bytes / g->t_gen / 1e9, g->bytes / g->n_eval / 1e6);
+    }
+    if (g->e.use_gpu) {
+        size_t fr, tot;
+        CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+        double peak = (double)g->e.gpu.peak_used;
+        fprintf(stderr, "device memory in use on the card (cudaMemGetInfo): %.3f GiB at the end of "
+                "the load (the peak), %.3f GiB now%s\n", peak / 1073741824.0,
+                (tot - fr) / 1073741824.0, g_vram_limit <= 0 ? ""
+                : peak <= g_vram_limit ? ", within --vram-limit" : ", OVER --vram-limit");
+    }
+    engine_free(&g->e);
+    free(g->smp.cand);
+}
+
+// Generation from a prompt: the prompt is echoed, then the answer; --dump-logits writes every
+// prompt position's logits first.
+static int mode_generate(const Args *a, Model *m, const Tokenizer *tok) {
+    int *ids = NULL, n = 0;
+    if (a->tokens_arg) n = parse_ids("--tokens", a->tokens_arg, &ids);
+    else if (a->prompt) n = tokenizer_encode(tok, a->prompt, a->prompt_len, a->parse_special, &ids);
+    if (n == 0) die("empty prompt: give -p TEXT, -f FILE, --tokens IDS or --chat");
+    check_tokens(m->c.n_vocab, ids, n, "prompt token");
+    Gen g;
+    gen_init(&g, a, m, tok, n);
+    DumpCtx dump = {a->dump_path ? open_output(a->dump_path) : NULL, a->dump_path, m->c.n_vocab};
+    float *logits = gen_feed(&g, ids, n, a->dump_path ? &dump : NULL);
+    if (dump.f && fclose(dump.f) != 0) die("writing '%s' failed", a->dump_path);
+    g_partial_file = NULL;
+    for (int i = 0; i < n; i++) gen_print(&g, ids[i]);
+    fflush(stdout);
+    gen_answer(&g, logits);
+    gen_finish(&g);
+    free(ids);
+    return 0;
+}
+
+// One line from stdin (without its newline), or NULL at end of input. Shows `prompt` first when
+// stdin is a terminal. Blank lines are skipped: an empty user turn is not a question.
+static char *read_line_stdin(const char *prompt) {
+    for (;;) {
+        if (prompt) {
+            fputs(prompt, stderr);
+            fflush(stderr);
+        }
+        size_t cap = 256, n = 0, k = 0;
+        char *s = (char *)xmalloc(cap, "a line of stdin");
+        int ch;
+        while ((ch = getchar()) != EOF && ch != '\n') {
+            if (n + 1 == cap) s = (char *)xrealloc(s, cap *= 2, "a line of stdin");
+            s[n++] = (char)ch;
+        }
+        s[n] = 0;
+        while (k < n && isspace((unsigned char)s[k])) k++;
+        if (k < n) return s;
+        free(s);
+        if (ch == EOF) return NULL;
+    }
+}
+
+// Chat: the prompt (if any), then each line of stdin, is a user turn of Qwen's ChatML; the KV
+// cache is kept across turns.
+static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
+    if (tok->im_start_id < 0 || tok->im_end_id < 0)
+        die("'%s' has no ChatML tokens (<|im_start|>, <|im_end|>): it is not a chat model; "
+            "give it a prompt without --chat", a->model_path);
+    if (a->no_think && m->c.arch == ARCH_QWEN2)
+        die("--no-think does not apply to a qwen2 model: Qwen2/2.5 have no thinking phase");
+    const char *ask = isatty(0) ? "\n> " : NULL;
+    if (ask)
+        fprintf(stderr, "chat: one line is one turn; Ctrl-D ends the chat. A terminal cuts a line "
+                "at 4095 bytes: a long first turn goes in -f FILE.\n");
+    char *line = a->prompt ? NULL : read_line_stdin(ask);
+    if (!a->prompt && !line) return 0;
+    int *ids, n = chat_turn_ids(tok, a->system_prompt, a->prompt ? a->prompt : line, 1,
+                                a->no_think, a->parse_special, &ids);
+    free(line);
+    Gen g;
+    gen_init(&g, a, m, tok, n);
+    g.chat = 1;
+    int rc = 0;
+    for (;;) {
+        // the answers so far stand: the timing lines follow, then exit 1
+        if (g.pos + n > a->n_ctx) {
+            fprintf(stderr, "\nerror: the context is full (%d of %d tokens); restart with a "
+                    "larger -c\n", g.pos, a->n_ctx);
+            rc = 1;
+            break;
+        }
+        gen_answer(&g, gen_feed(&g, ids, n, NULL));
+        free(ids);
+        ids = NULL;
+        if (!(line = read_line_stdin(ask))) break;
+        n = chat_turn_ids(tok, a->system_prompt, line, 0, a->no_think, a->parse_special, &ids);
+        free(line);
+    }
+    free(ids);
+    gen_finish(&g);
+    return rc;
+}
 
 // --- --bench: decode and prefill speed against the card's own copy bandwidth ---------------------
 // A decode token reads every weight once, so its speed is judged against what the card can move:
@@ -6335,19 +6667,6 @@ static void print_model(Model *m, int n_ctx) {
 //   scale = (max - min_logit) / 65535, min_log_prob = min_logit - max - log(sum exp(logit - max)):
 //   log p = min_log_prob + scale * word.
 // llama.cpp writes and reads the same layout (--kl-divergence-base), so either can score the other.
-
-// Logits that hold a NaN or an infinity give no probabilities: every mode stops there, naming the
-// position (and the chunk: 0 outside perplexity).
-static void die_not_finite(int pos, int chunk) {
-    char where[48] = "";
-    if (chunk > 0) snprintf(where, sizeof where, " of chunk %d", chunk);
-    die("the logits at position %d%s are not finite (NaN or infinity): the model's weights hold "
-        "such values, or its activations overflowed", pos, where);
-}
-static void check_finite(const float *logits, int n, int pos, int chunk) {
-    for (int i = 0; i < n; i++)
-        if (!isfinite(logits[i])) die_not_finite(pos, chunk);
-}
 
 static size_t kld_record_words(int n_vocab) { return 2 * (((size_t)n_vocab + 1) / 2) + 4; }
 
@@ -6767,54 +7086,7 @@ static void print_perplexity(const PplResult *r, int kld) {
 #ifndef TESTING
 
 // --- the command line ----------------------------------------------------------------------------
-// llama.cpp's flag names where it has one. main reads the flags, opens the file, and hands over to
-// one of the modes below: tokenize, detokenize, info, bench, perplexity (writing a KL-divergence
-// base file, or scoring against one), diff (another engine's logits against ours), generate, chat.
-// A run has one mode, and every option names
-// the modes it applies to: an option given to a mode it does not apply to is an error, never
-// silently ignored.
-
-enum {
-    MODE_GENERATE = 1,    // from -p, -f or --tokens (the default)
-    MODE_CHAT = 2,        // --chat
-    MODE_PERPLEXITY = 4,  // --perplexity, and --kl-divergence-base FILE to write a base file
-    MODE_KLD = 8,         // --kl-divergence: score against a base file, on its own tokens
-    MODE_TOKENIZE = 16,   // --tokenize
-    MODE_DETOKENIZE = 32, // --detokenize
-    MODE_INFO = 64,       // --info
-    MODE_BENCH = 128,     // --bench
-    MODE_DIFF = 256,      // --diff-logits FILE: another engine's logits against ours
-    N_MODES = 9,
-};
-// one name per MODE_* bit, in the bits' order
-static const char *const MODE_NAMES[N_MODES] = {"generation (-p, -f or --tokens)", "--chat",
-                                                "--perplexity", "--kl-divergence", "--tokenize",
-                                                "--detokenize", "--info", "--bench",
-                                                "--diff-logits"};
-static const char *mode_name(int mode) {
-    for (int i = 0; i < N_MODES; i++)
-        if (mode == 1 << i) return MODE_NAMES[i];
-    return "?";
-}
-
-typedef struct {
-    const char *model_path, *prompt, *prompt_file, *tokens_arg, *detok_arg;
-    const char *system_prompt, *dump_path, *kld_base_path;
-    const char *diff_path, *diff_out; // --diff-logits THEIRS, --diff-out FILE.tsv
-    double diff_max_kl;               // --diff-max-kl: the exit status's threshold
-    size_t prompt_len;       // bytes of prompt (-f files may hold NUL bytes)
-    char *prompt_buf;        // the -f file's bytes, or NULL
-    int mode;                // one MODE_*
-    const char *mode_flag;   // the option that chose it ("" for generation)
-    int no_think, special, parse_special;
-    int ppl, kld, max_chunks, use_cpu;
-    int n_predict, n_ctx, ctx_given, n_batch, batch_given, vram_given, threads_given, ngl_given;
-    float temp, top_p, min_p;
-    int top_k;
-    long long seed;
-    struct { const char *opt; int modes; } used[64]; // each option given, and where it applies
-    int n_used;
-} Args;
+// llama.cpp's flag names where it has one; parse_args fills Args (the start of this section).
 
 static void usage(FILE *f) {
     fprintf(
@@ -7076,20 +7348,6 @@ static void parse_args(Args *a, int argc, char **argv) {
 }
 
 // --- the modes -----------------------------------------------------------------------------------
-
-// An output file (a logits dump, a KL-divergence base), opened for writing once the run is sure to
-// start. A regular file is the partial file until it is complete: an error or a signal deletes it.
-// (Not a device or a FIFO: /dev/stdout is no partial file to delete.)
-static FILE *open_output(const char *path) {
-    struct stat st; // partial from before the open: a signal in between leaves no empty file
-    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) g_partial_file = path;
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        g_partial_file = NULL; // nothing was made: nothing to delete
-        die("cannot write '%s': %s", path, strerror(errno));
-    }
-    return f;
-}
 
 // --tokenize / --detokenize: the vocabulary alone (vocabulary-only files and no GPU are fine).
 static int mode_tokenize(const Args *a, const Tokenizer *tok, double t_load) {
@@ -7491,220 +7749,6 @@ static int mode_diff(const Args *a, Model *m, const Tokenizer *tok) {
     free(d.pos); free(d.theirs); free(d.lp); free(d.lq); free(ids);
     munmap(t.map, t.map_len);
     return pass ? 0 : 1;
-}
-
-// --- generate and chat ---------------------------------------------------------------------------
-// A prompt (or a chat turn) goes through the model at once; then tokens are sampled, printed and
-// fed back one at a time until an end-of-generation token, -n tokens or a full context.
-typedef struct {
-    Engine e;
-    Sampler smp;
-    const Tokenizer *tok; // NULL when the file has no vocabulary: tokens are printed as ids
-    Stream out;           // the UTF-8 printer (tokenizer.c)
-    int special, n_predict, n_ctx, pos;
-    int chat;             // an answer cut by -n says so (a generation's end at -n is the plan)
-    int n_prompt, n_eval;
-    double t_prompt, t_gen, bytes;
-} Gen;
-
-// --dump-logits: every prompt position's logits, as raw float32 rows
-typedef struct {
-    FILE *f;
-    const char *path;
-    int n_vocab;
-} DumpCtx;
-static void dump_logits(void *ctx, int i, const float *logits) {
-    DumpCtx *d = (DumpCtx *)ctx;
-    check_finite(logits, d->n_vocab, i, 0);
-    if (fwrite(logits, sizeof(float), d->n_vocab, d->f) != (size_t)d->n_vocab)
-        die("writing '%s' failed", d->path);
-}
-
-// Feed ids[0..n) at g->pos; with dump, every position's logits go to it. The logits after the last.
-static float *gen_feed(Gen *g, const int *ids, int n, DumpCtx *dump) {
-    double t0 = now_sec();
-    float *logits = engine_eval(&g->e, ids, n, g->pos, dump ? 0 : n - 1,
-                                dump ? dump_logits : NULL, dump);
-    g->pos += n;
-    g->t_prompt += now_sec() - t0;
-    g->n_prompt += n;
-    return logits;
-}
-
-// One token to stdout: its text (a UTF-8 sequence split across tokens is held back until it is
-// whole), or its id when the file has no vocabulary.
-static void gen_print(Gen *g, int id) {
-    if (!g->tok) {
-        printf("%d ", id);
-        g_stdout_midline = 1;
-        return;
-    }
-    int len;
-    const char *p = tokenizer_piece(g->tok, id, g->special, &len);
-    stream_bytes(&g->out, p, len);
-    if (len > 0) g_stdout_midline = p[len - 1] != '\n';
-}
-
-// The answer to what was fed: sample from logits, print, feed back.
-static void gen_answer(Gen *g, float *logits) {
-    const Config *c = &g->e.m->c;
-    for (int n_gen = 0; n_gen < g->n_predict;) {
-        int next = sample(&g->smp, logits);
-        if (next < 0) die_not_finite(g->pos - 1, 0);
-        n_gen++;
-        int eog = g->tok && tokenizer_is_eog(g->tok, next);
-        if (!eog || g->special) gen_print(g, next);
-        fflush(stdout);
-        if (eog) break;
-        if (n_gen == g->n_predict) {
-            if (g->chat) fprintf(stderr, "\n[the answer reached -n %d tokens: raise -n]", n_gen);
-            break;
-        }
-        if (g->pos >= g->n_ctx) {
-            fprintf(stderr, "\n[context full: %d tokens]\n", g->pos);
-            break;
-        }
-        double t1 = now_sec();
-        logits = engine_forward(&g->e, next, g->pos);
-        g->t_gen += now_sec() - t1;
-        if (g->e.use_gpu) g->bytes += bytes_per_token(c, &g->e.gpu, g->pos + 1);
-        g->pos++;
-        g->n_eval++;
-    }
-    stream_flush(&g->out);
-    printf("\n");
-    g_stdout_midline = 0;
-}
-
-// The engine, sampler and printer of a run whose first prompt has n_prompt tokens, which must fit
-// the context.
-static void gen_init(Gen *g, const Args *a, Model *m, const Tokenizer *tok, int n_prompt) {
-    if (n_prompt > a->n_ctx)
-        die("the prompt has %d tokens but the context is %d: raise -c", n_prompt, a->n_ctx);
-    memset(g, 0, sizeof *g);
-    engine_init(&g->e, m, !a->use_cpu, a->n_ctx);
-    sampler_init(&g->smp, m->c.n_vocab, a->temp, a->top_k, a->top_p, a->min_p,
-                 (uint64_t)a->seed);
-    fprintf(stderr, "sampling: temp %.2f, top-k %d, top-p %.2f, min-p %.2f, seed %lld\n", a->temp,
-            a->top_k, a->top_p, a->min_p, a->seed);
-    g->tok = tok;
-    g->out.f = stdout;
-    g->special = a->special;
-    g->n_predict = a->n_predict;
-    g->n_ctx = a->n_ctx;
-}
-
-// The timing lines of every run: prompt and decode speed, the decode's bytes per second, and
-// what the card holds.
-static void gen_finish(Gen *g) {
-    fprintf(stderr, "\nprompt eval time = %10.2f ms / %5d tokens (%8.2f ms per token, %8.2f tokens "
-            "per second)\n", g->t_prompt * 1e3, g->n_prompt, g->t_prompt * 1e3 / g->n_prompt,
-            g->n_prompt / g->t_prompt);
-    if (g->n_eval > 0) {
-        fprintf(stderr, "       eval time = %10.2f ms / %5d runs   (%8.2f ms per token, %8.2f "
-                "tokens per second)\n", g->t_gen * 1e3, g->n_eval, g->t_gen * 1e3 / g->n_eval,
-                g->n_eval / g->t_gen);
-        if (g->e.use_gpu)
-            fprintf(stderr, "decode bandwidth = %.1f GB/s (%.1f MB read per token)\n",
-                    g->bytes / g->t_gen / 1e9, g->bytes / g->n_eval / 1e6);
-    }
-    if (g->e.use_gpu) {
-        size_t fr, tot;
-        CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
-        double peak = (double)g->e.gpu.peak_used;
-        fprintf(stderr, "device memory in use on the card (cudaMemGetInfo): %.3f GiB at the end of "
-                "the load (the peak), %.3f GiB now%s\n", peak / 1073741824.0,
-                (tot - fr) / 1073741824.0, g_vram_limit <= 0 ? ""
-                : peak <= g_vram_limit ? ", within --vram-limit" : ", OVER --vram-limit");
-    }
-    engine_free(&g->e);
-    free(g->smp.cand);
-}
-
-// Generation from a prompt: the prompt is echoed, then the answer; --dump-logits writes every
-// prompt position's logits first.
-static int mode_generate(const Args *a, Model *m, const Tokenizer *tok) {
-    int *ids = NULL, n = 0;
-    if (a->tokens_arg) n = parse_ids("--tokens", a->tokens_arg, &ids);
-    else if (a->prompt) n = tokenizer_encode(tok, a->prompt, a->prompt_len, a->parse_special, &ids);
-    if (n == 0) die("empty prompt: give -p TEXT, -f FILE, --tokens IDS or --chat");
-    check_tokens(m->c.n_vocab, ids, n, "prompt token");
-    Gen g;
-    gen_init(&g, a, m, tok, n);
-    DumpCtx dump = {a->dump_path ? open_output(a->dump_path) : NULL, a->dump_path, m->c.n_vocab};
-    float *logits = gen_feed(&g, ids, n, a->dump_path ? &dump : NULL);
-    if (dump.f && fclose(dump.f) != 0) die("writing '%s' failed", a->dump_path);
-    g_partial_file = NULL;
-    for (int i = 0; i < n; i++) gen_print(&g, ids[i]);
-    fflush(stdout);
-    gen_answer(&g, logits);
-    gen_finish(&g);
-    free(ids);
-    return 0;
-}
-
-// One line from stdin (without its newline), or NULL at end of input. Shows `prompt` first when
-// stdin is a terminal. Blank lines are skipped: an empty user turn is not a question.
-static char *read_line_stdin(const char *prompt) {
-    for (;;) {
-        if (prompt) {
-            fputs(prompt, stderr);
-            fflush(stderr);
-        }
-        size_t cap = 256, n = 0, k = 0;
-        char *s = (char *)xmalloc(cap, "a line of stdin");
-        int ch;
-        while ((ch = getchar()) != EOF && ch != '\n') {
-            if (n + 1 == cap) s = (char *)xrealloc(s, cap *= 2, "a line of stdin");
-            s[n++] = (char)ch;
-        }
-        s[n] = 0;
-        while (k < n && isspace((unsigned char)s[k])) k++;
-        if (k < n) return s;
-        free(s);
-        if (ch == EOF) return NULL;
-    }
-}
-
-// Chat: the prompt (if any), then each line of stdin, is a user turn of Qwen's ChatML; the KV
-// cache is kept across turns.
-static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
-    if (tok->im_start_id < 0 || tok->im_end_id < 0)
-        die("'%s' has no ChatML tokens (<|im_start|>, <|im_end|>): it is not a chat model; "
-            "give it a prompt without --chat", a->model_path);
-    if (a->no_think && m->c.arch == ARCH_QWEN2)
-        die("--no-think does not apply to a qwen2 model: Qwen2/2.5 have no thinking phase");
-    const char *ask = isatty(0) ? "\n> " : NULL;
-    if (ask)
-        fprintf(stderr, "chat: one line is one turn; Ctrl-D ends the chat. A terminal cuts a line "
-                "at 4095 bytes: a long first turn goes in -f FILE.\n");
-    char *line = a->prompt ? NULL : read_line_stdin(ask);
-    if (!a->prompt && !line) return 0;
-    int *ids, n = chat_turn_ids(tok, a->system_prompt, a->prompt ? a->prompt : line, 1,
-                                a->no_think, a->parse_special, &ids);
-    free(line);
-    Gen g;
-    gen_init(&g, a, m, tok, n);
-    g.chat = 1;
-    int rc = 0;
-    for (;;) {
-        // the answers so far stand: the timing lines follow, then exit 1
-        if (g.pos + n > a->n_ctx) {
-            fprintf(stderr, "\nerror: the context is full (%d of %d tokens); restart with a "
-                    "larger -c\n", g.pos, a->n_ctx);
-            rc = 1;
-            break;
-        }
-        gen_answer(&g, gen_feed(&g, ids, n, NULL));
-        free(ids);
-        ids = NULL;
-        if (!(line = read_line_stdin(ask))) break;
-        n = chat_turn_ids(tok, a->system_prompt, line, 0, a->no_think, a->parse_special, &ids);
-        free(line);
-    }
-    free(ids);
-    gen_finish(&g);
-    return rc;
 }
 
 // The model's config and weights (exits naming the problem when the file holds no runnable model),
