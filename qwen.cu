@@ -3493,7 +3493,61 @@ static void attention_setup(int n_head, int n_kv, int hd) {
 //   gates  g = softplus(alpha + dt_bias) * a,  beta = sigmoid(beta_raw)        gdn_gates
 //   rule   M = M e^g;  M = M + beta (v - M k) k^T;  o = M q / sqrt(S)          gdn_step_c
 //   output rmsnorm(o) * w * silu(z)                                             gated_rmsnorm_c
-// A decode token runs all of it in one launch (gdn_token_kernel; three for state sizes above 128).
+// Three kernels run a token here (conv and norms, the rule, the gated norm); 7.4 runs all of it in
+// one launch (gdn_token_kernel) for state sizes up to 128.
+
+// The steps that both DeltaNet paths run the same way, as functions they share:
+
+// Causal conv + SiLU of channel ch: y = silu(w[ch] . win) over its 4-tap window win = (the three
+// previous inputs, from the conv state cs, oldest first; this token's input mixed[ch]).
+__device__ __forceinline__ float gdn_conv_channel(const float *cs /* (3, conv_dim) */,
+                                                  const float *mixed /* (conv_dim) */,
+                                                  const float *w /* (conv_dim, 4) */, size_t ch,
+                                                  size_t conv_dim, float win[4]) {
+    win[0] = cs[ch];
+    win[1] = cs[conv_dim + ch];
+    win[2] = cs[2 * conv_dim + ch];
+    win[3] = mixed[ch];
+    float4 tap = ((const float4 *)w)[ch];
+    return silu(win[0] * tap.x + win[1] * tap.y + win[2] * tap.z + win[3] * tap.w);
+}
+// The conv state of channel ch moves on by one input: the window's last three.
+__device__ __forceinline__ void gdn_conv_shift(float *cs /* (3, conv_dim) */, size_t ch,
+                                               size_t conv_dim, const float win[4]) {
+    cs[ch] = win[1];
+    cs[conv_dim + ch] = win[2];
+    cs[2 * conv_dim + ch] = win[3];
+}
+
+// A lane's R rows j0 .. j0+R-1 of v head hv's state, C columns each (lg + L t), loaded and stored
+// evict-first (__ldcs, __stcs): the states of all layers (~150 MB for the 27B) pass through L2 once
+// per token.
+template <int R, int C, int L>
+__device__ __forceinline__ void gdn_state_load(float (&m)[R][C],
+                                               const float *state /* (Hv, S, S) */, int hv, int j0,
+                                               int lg, int S) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < C; t++)
+            m[r][t] = __ldcs(&state[((size_t)hv * S + j0 + r) * S + lg + L * t]);
+}
+template <int R, int C, int L>
+__device__ __forceinline__ void gdn_state_store(const float (&m)[R][C],
+                                                float *state /* (Hv, S, S) */, int hv, int j0,
+                                                int lg, int S) {
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < C; t++)
+            __stcs(&state[((size_t)hv * S + j0 + r) * S + lg + L * t], m[r][t]);
+}
+
+// The gated RMSNorm of one value v of a head whose squares sum to ss: v / rms * w * silu(z).
+__device__ __forceinline__ float gdn_gated_norm(float v, float ss, int S, float eps, float w,
+                                                float z) {
+    return v * rsqrtf(ss / S + eps) * w * silu(z);
+}
 
 // Finish channel *y of head block b of [q heads | k heads | v heads] after the conv: q and k heads
 // are L2-normalised, y / max(||y||, eps); thread 0 of a v head's block computes the head's gates
@@ -3527,12 +3581,9 @@ gdn_conv_norm_kernel(float *mixed,           // (conv_dim) in: projections, out:
                      float *gb,              // (2, Hv) out: g (log decay), beta
                      int Hk, int Hv, float eps) {
     int S = blockDim.x, conv_dim = (2 * Hk + Hv) * S, c = blockIdx.x * S + threadIdx.x;
-    float win0 = cs[c], win1 = cs[conv_dim + c], win2 = cs[2 * conv_dim + c], win3 = mixed[c];
-    float sum = win0 * w[4 * c] + win1 * w[4 * c + 1] + win2 * w[4 * c + 2] + win3 * w[4 * c + 3];
-    float y = silu(sum);
-    cs[c] = win1;
-    cs[conv_dim + c] = win2;
-    cs[2 * conv_dim + c] = win3;
+    float win[4];
+    float y = gdn_conv_channel(cs, mixed, w, c, conv_dim, win);
+    gdn_conv_shift(cs, c, conv_dim, win);
     mixed[c] = y;
     gdn_head_finish(&mixed[c], blockIdx.x, Hk, Hv, beta_raw, alpha_raw, dt_bias, ssm_a, gb, eps);
 }
@@ -3597,14 +3648,8 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
     // rows j0 .. j0+R-1
     int j0 = ((blockIdx.y * GDN_ROWS + threadIdx.x / WARP) * (WARP / L) + lane / L) * R;
     size_t conv_dim = (size_t)(2 * Hk + Hv) * S; // (the grid covers S rows exactly: no lane idles)
-    // this thread's part of the state, loaded and stored evict-first (__ldcs, __stcs): the states
-    // of all layers (~150 MB for the 27B) pass through L2 once per token
-    float m[R][C];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < C; t++)
-            m[r][t] = __ldcs(&state[((size_t)hv * S + j0 + r) * S + lg + L * t]);
+    float m[R][C]; // this thread's part of the state
+    gdn_state_load<R, C, L>(m, state, hv, j0, lg, S);
     // the next token's q, k, v, g, beta are loaded while the current one is worked on
     float qn[C], kn[C], vn[R], gn = 0.0f, bn = 0.0f;
     auto fetch = [&](int tok) {
@@ -3639,11 +3684,7 @@ gdn_step_kernel(float *state,      // (Hv, S, S) this layer's state
                 if (lg == r) o[((size_t)tok * Hv + hv) * S + j0 + r] = oq[r] * rsqrtf((float)S);
         }
     }
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < C; t++)
-            __stcs(&state[((size_t)hv * S + j0 + r) * S + lg + L * t], m[r][t]);
+    gdn_state_store<R, C, L>(m, state, hv, j0, lg, S);
 }
 
 // Launch gdn_step_kernel with NT = S/32 (S a multiple of 32 up to 256, checked when the model is
@@ -3684,14 +3725,14 @@ __global__ void gdn_gated_norm_kernel(Act out, const float *o /* (Hv, S) */,
     float v = o[i];
     float ss = block_sum(v * v);
     float zz = z[i];
-    v = v * rsqrtf(ss / S + eps) * w[threadIdx.x] * silu(zz);
+    v = gdn_gated_norm(v, ss, S, eps, w[threadIdx.x], zz);
     out.f[i] = v;
     if (out.q.q) quantize_block_warp(v, out.q, i / 32, gridDim.x * S / 32);
 }
 
 // One token of a DeltaNet layer between its in-projections and its out-projection, in one launch
-// (the three kernels above do the same in three launches; they remain the path for S > 128, and a
-// prompt runs gdn_step_kernel between its row kernels). Block hv takes v head hv and its k head
+// (the three kernels of 7.3 do the same in three launches; they remain the path for S > 128, and
+// a prompt runs gdn_step_kernel between its row kernels). Block hv takes v head hv and its k head
 // hk = hv % Hk:
 //   1. its state (S x S, the kernel's bytes) requested first, S/32 rows per warp, lane l holding
 //      columns l, l + 32, ... (gdn_step_kernel's L = 32 layout);
@@ -3706,7 +3747,86 @@ __global__ void gdn_gated_norm_kernel(Act out, const float *o /* (Hv, S) */,
 // end and resets the count. No block waits for another, so any number of blocks may be resident.
 // Grid Hv, 1024 threads (S = 32 * NT, NT <= 4). C twins: gdn_conv_c, l2norm_c, gdn_step_c,
 // gated_rmsnorm_c, quantize_block_c; the gates are gdn_gates, which the CPU path runs too.
+// --- 7.4 a DeltaNet token in one launch ----------------------------------------------------------
+// Speed: the five steps of 7.3 in one kernel, o and the gates kept on the SM: one launch a layer
+// instead of three (test/PERF_NOTES.md, "Decode run 14"). A first reading can skip to 7.5: the
+// three kernels of 7.3 compute the same, and are the path for state sizes above 128.
 #define GDN_TOKEN_THREADS 1024
+
+// Step 2 of gdn_token_kernel for thread t: channel i = t % S of part p = t / S (0: q of k head
+// hk, 1: k of hk, 2: v of v head hv; threads from 3S on have none), its place ch in the conv's
+// [q heads | k heads | v heads], its conv + SiLU into qs, ks or vs, and its window in win. A v
+// channel's new conv state is stored at once: it is this block's alone (q and k's: step 5).
+__device__ __forceinline__ size_t gdn_token_conv(float *qs, float *ks, float *vs /* (S) each */,
+                                                 float *cs, const float *mixed, const float *w,
+                                                 int p, int i, int hk, int hv, int Hk, int S,
+                                                 size_t conv_dim, float win[4]) {
+    size_t head = p == 0 ? hk : p == 1 ? Hk + hk : 2 * Hk + hv; // its head in [q | k | v]
+    size_t ch = head * S + i;
+    if (p < 3) {
+        float y = gdn_conv_channel(cs, mixed, w, ch, conv_dim, win);
+        (p == 0 ? qs : p == 1 ? ks : vs)[i] = y;
+        if (p == 2) gdn_conv_shift(cs, ch, conv_dim, win);
+    }
+    return ch;
+}
+
+// Step 2's norms: ||q||^2 and ||k||^2 of the head into sq[0], sq[1] (warp 0 sums q's squares,
+// warp 1 k's).
+template <int S>
+__device__ __forceinline__ void gdn_token_qk_squares(const float *qs, const float *ks /* (S) */,
+                                                     float *sq /* (2) */, int lane, int wid) {
+    if (wid < 2) {
+        const float *v = wid ? ks : qs;
+        float ss = 0.0f;
+        for (int k = lane; k < S; k += WARP) ss += v[k] * v[k];
+        ss = warp_sum(ss);
+        if (lane == 0) sq[wid] = ss;
+    }
+}
+
+// Step 3: the delta rule on this warp's rows j0 .. j0+R-1 (gdn_rule, 32 lanes per row) with q and k
+// L2-normalised, q / max(||q||, eps); the state stored back, o = oq / sqrt(S) into os.
+template <int R, int C>
+__device__ __forceinline__ void gdn_token_rule(float (&m)[R][C], float *state, const float *qs,
+                                               const float *ks, const float *vs, float *os,
+                                               const float *sq /* (2) */,
+                                               const float *gate /* (2) g, beta */, int hv,
+                                               int j0, int lane, int S, float eps) {
+    float qinv = 1.0f / fmaxf(sqrtf(sq[0]), eps), kinv = 1.0f / fmaxf(sqrtf(sq[1]), eps);
+    float qq[C], kk[C], decay = __expf(gate[0]), beta = gate[1];
+#pragma unroll
+    for (int c = 0; c < C; c++) {
+        qq[c] = qs[lane + 32 * c] * qinv;
+        kk[c] = ks[lane + 32 * c] * kinv;
+    }
+    float oq[R];
+    gdn_rule<R, C, WARP>(m, qq, kk, vs + j0, decay, beta, oq);
+    gdn_state_store<R, C, WARP>(m, state, hv, j0, lane, S);
+    if (lane < R) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            if (lane == r) os[j0 + r] = oq[r] * rsqrtf((float)S);
+    }
+}
+
+// One token of a DeltaNet layer between its in-projections and its out-projection, in one launch
+// (the three kernels of 7.3 do the same in three launches; they remain the path for S > 128, and
+// a prompt runs gdn_step_kernel between its row kernels). Block hv takes v head hv and its k head
+// hk = hv % Hk, in named steps:
+//   1. its state (S x S, the kernel's bytes) requested first, S/32 rows per warp, lane l holding
+//      columns l, l + 32, ... (gdn_state_load, gdn_step_kernel's L = 32 layout);
+//   2. the conv + SiLU of its 3S channels (q and k of hk, v of hv: gdn_token_conv), the gates g,
+//      beta (gdn_gates) and the squares of q and k for their L2 norms (gdn_token_qk_squares);
+//   3. the delta rule (gdn_token_rule: gdn_rule, as gdn_step_kernel); o stays in shared memory;
+//   4. the gated RMSNorm of o and its 16-bit copy (gdn_gated_norm, as gdn_gated_norm_kernel);
+//   5. the new conv window of the q and k channels (gdn_conv_shift).
+// The conv state of the v channels belongs to one block; that of the q and k channels is read by
+// the Hv/Hk blocks that share hk, so none may overwrite it before all have read it: each block
+// counts itself in after its reads (count[hk]), and the last to arrive writes the new window at its
+// end and resets the count. No block waits for another, so any number of blocks may be resident.
+// Grid Hv, 1024 threads (S = 32 * NT, NT <= 4). C twins: gdn_conv_c, l2norm_c, gdn_step_c,
+// gated_rmsnorm_c, quantize_block_c; the gates are gdn_gates, which the CPU path runs too.
 template <int NT>
 __global__ void __launch_bounds__(GDN_TOKEN_THREADS)
 gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
@@ -3731,34 +3851,14 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
     int hv = blockIdx.x, hk = hv % Hk, t = threadIdx.x, lane = t % WARP, wid = t / WARP,
         j0 = wid * R;
     size_t conv_dim = (size_t)(2 * Hk + Hv) * S;
-    // 1. the state, evict-first (all layers' states pass through L2 once per token)
+    // 1. the state
     float m[R][C];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int c = 0; c < C; c++)
-            m[r][c] = __ldcs(&state[((size_t)hv * S + j0 + r) * S + lane + 32 * c]);
+    gdn_state_load<R, C, WARP>(m, state, hv, j0, lane, S);
     float zz = t < S ? z[(size_t)hv * S + t] : 0.0f, wn = t < S ? nw[t] : 0.0f;
-    // 2. conv + SiLU of channel i of part p (q, k, v); the new window kept for the state
-    int p = t / S, i = t % S;
-    size_t head = p == 0 ? hk : p == 1 ? Hk + hk : 2 * Hk + hv; // its head in [q | k | v]
-    size_t ch = head * S + i;
-    float win1 = 0.0f, win2 = 0.0f, win3 = 0.0f;
-    if (p < 3) {
-        float win0 = cs[ch];
-        win1 = cs[conv_dim + ch];
-        win2 = cs[2 * conv_dim + ch];
-        win3 = mixed[ch];
-        float4 tap = ((const float4 *)w)[ch];
-        float sum = win0 * tap.x + win1 * tap.y + win2 * tap.z + win3 * tap.w;
-        float y = silu(sum);
-        (p == 0 ? qs : p == 1 ? ks : vs)[i] = y;
-        if (p == 2) { // this head's own channels
-            cs[ch] = win1;
-            cs[conv_dim + ch] = win2;
-            cs[2 * conv_dim + ch] = win3;
-        }
-    }
+    // 2. the conv, the gates, the norms' squares
+    int p = t / S;
+    float win[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    size_t ch = gdn_token_conv(qs, ks, vs, cs, mixed, w, p, t % S, hk, hv, Hk, S, conv_dim, win);
     if (t == 0) gdn_gates(hv, beta_raw, alpha_raw, dt_bias, ssm_a, &gate[0], &gate[1]);
     __syncthreads(); // every read of the conv state is done: count this block in (its answer is
     int arrived = 0; // waited for only at the end, so the round trip overlaps the delta rule)
@@ -3766,35 +3866,10 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         fence_acq_rel();
         arrived = atomicAdd(&count[hk], 1);
     }
-    // ||q||^2 and ||k||^2: warp 0 sums q's squares, warp 1 k's
-    if (wid < 2) {
-        const float *v = wid ? ks : qs;
-        float ss = 0.0f;
-        for (int k = lane; k < S; k += WARP) ss += v[k] * v[k];
-        ss = warp_sum(ss);
-        if (lane == 0) part[0][wid] = ss;
-    }
+    gdn_token_qk_squares<S>(qs, ks, part[0], lane, wid);
     __syncthreads();
-    // 3. the delta rule (gdn_rule, 32 lanes per row)
-    float qinv = 1.0f / fmaxf(sqrtf(part[0][0]), eps), kinv = 1.0f / fmaxf(sqrtf(part[0][1]), eps);
-    float qq[C], kk[C], decay = __expf(gate[0]), beta = gate[1];
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-        qq[c] = qs[lane + 32 * c] * qinv;
-        kk[c] = ks[lane + 32 * c] * kinv;
-    }
-    float oq[R];
-    gdn_rule<R, C, WARP>(m, qq, kk, vs + j0, decay, beta, oq);
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int c = 0; c < C; c++)
-            __stcs(&state[((size_t)hv * S + j0 + r) * S + lane + 32 * c], m[r][c]);
-    if (lane < R) {
-#pragma unroll
-        for (int r = 0; r < R; r++)
-            if (lane == r) os[j0 + r] = oq[r] * rsqrtf((float)S);
-    }
+    // 3. the delta rule
+    gdn_token_rule<R, C>(m, state, qs, ks, vs, os, part[0], gate, hv, j0, lane, S, eps);
     __syncthreads();
     // 4. gated RMSNorm of o (warps 0 .. NT-1 hold its S values) and the 16-bit copy; thread 0
     // learns whether this block was the last of k head hk to count in
@@ -3816,16 +3891,12 @@ gdn_token_kernel(float *state,           // (Hv, S, S) this layer's state
         float ss = 0.0f;
 #pragma unroll
         for (int k = 0; k < NT; k++) ss += part[1][k];
-        v = v * rsqrtf(ss / S + eps) * wn * silu(zz);
+        v = gdn_gated_norm(v, ss, S, eps, wn, zz);
         out.f[(size_t)hv * S + t] = v;
         if (out.q.q) quantize_block_warp(v, out.q, (hv * S + t) / 32, Hv * S / 32);
     }
     // 5. the last block of k head hk writes its q and k channels' new window
-    if (last && p < 2) {
-        cs[ch] = win1;
-        cs[conv_dim + ch] = win2;
-        cs[2 * conv_dim + ch] = win3;
-    }
+    if (last && p < 2) gdn_conv_shift(cs, ch, conv_dim, win);
 }
 
 // The DeltaNet token kernel for S = 32, 64, 96 or 128 (larger S: the three kernels).
@@ -3852,7 +3923,7 @@ static void gdn_token(float *state /* (Hv, S, S) */, float *cs /* (3, conv_dim) 
     KERNEL_CHECK();
 }
 
-// --- 7.4 SwiGLU ----------------------------------------------------------------------------------
+// --- 7.5 SwiGLU ----------------------------------------------------------------------------------
 // h = silu(h) * u, fp32 and quantized (n a multiple of 32 for the quantized copy): the FFN's
 // activation after its gate and up mat-vecs. C twin: the silu_c(hb) * hb2 loop in ffn_block_cpu.
 __global__ void silu_mul_quant_kernel(Act h /* (n) in and out */, const float *u /* (n) */, int n) {
