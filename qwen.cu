@@ -1899,6 +1899,31 @@ __host__ __device__ static inline int iq4_code(int idx) {
     return j | ((1 - in_b) << 3);
 }
 
+// Word k (0..3) of an IQ4_XS sub-block's qs plane, from the file's 16 bytes of the sub-block (byte
+// i: kvalues index of element i in its low nibble, of element 16 + i in its high nibble). The
+// file's bytes 4k..4k+3, read as one little-endian word x, hold elements 4k + p (low nibble) and
+// 16 + 4k + p (high nibble) in byte p; all 8 nibbles are turned into codes at once, then packed:
+//   code bits 1..0 = index bits 1..0, code bit 2 = index bit 3, code bit 3 = NOT index bit 2
+//   low nibbles of bytes 0..3 -> bits 0..15, high nibbles -> bits 16..31 (4 bits per element).
+// C twin: iq4_plane_word_c, the same word element by element with iq4_code.
+__host__ __device__ static inline uint32_t iq4_plane_word(const uint8_t *qs /* (16) */, int k) {
+    uint32_t x = (uint32_t)qs[4 * k] | (uint32_t)qs[4 * k + 1] << 8 |
+                 (uint32_t)qs[4 * k + 2] << 16 | (uint32_t)qs[4 * k + 3] << 24;
+    uint32_t c = (x & 0x33333333u) | ((x >> 1) & 0x44444444u) | ((~x << 1) & 0x88888888u);
+    uint32_t lo = c & 0x0f0f0f0fu, hi = (c >> 4) & 0x0f0f0f0fu; // one element per byte
+    lo = (lo | lo >> 4) & 0x00ff00ffu;                          // two per byte, bytes 0 and 2
+    hi = (hi | hi >> 4) & 0x00ff00ffu;
+    return ((lo | lo >> 8) & 0xffffu) | ((hi | hi >> 8) & 0xffffu) << 16;
+}
+static uint32_t iq4_plane_word_c(const uint8_t *qs /* (16) */, int k) {
+    uint32_t w = 0;
+    for (int p = 0; p < 4; p++) {
+        w |= (uint32_t)iq4_code(qs[4 * k + p] & 0xf) << (4 * p);       // element 4k + p
+        w |= (uint32_t)iq4_code(qs[4 * k + p] >> 4) << (16 + 4 * p);   // element 16 + 4k + p
+    }
+    return w;
+}
+
 // The 6-bit scale of sub-block `sub` from the two words (lo, hi) of its IQ4_XS header plane entry:
 // one 64-bit shift and a mask (the shift is the same for every unit a lane sees).
 __host__ __device__ static inline int iq4_plane_ls(uint32_t lo, uint32_t hi, int sub) {
@@ -1935,15 +1960,11 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src /* one
         memcpy(dst + 16 * NB + 2 * blk, &b->d, 2);
     } else if (type == GGML_TYPE_IQ4_XS) {
         const block_iq4_xs *b = (const block_iq4_xs *)src;
-        for (int sub = 0; sub < 8; sub++) {
-            uint8_t *q = dst + 16 * (8 * blk + sub);
-            memset(q, 0, 16);
-            for (int e = 0; e < 32; e++) {
-                int idx = (b->qs[16 * sub + e % 16] >> (4 * (e / 16))) & 0xf;
-                int i = e % 16, p = i % 4;
-                q[4 * (i / 4) + 2 * (e / 16) + p / 2] |= (uint8_t)(iq4_code(idx) << (4 * (p % 2)));
+        for (int sub = 0; sub < 8; sub++)
+            for (int k = 0; k < 4; k++) {
+                uint32_t w = iq4_plane_word(b->qs + 16 * sub, k);
+                memcpy(dst + 16 * (8 * blk + sub) + 4 * k, &w, 4); // little-endian, host and GPU
             }
-        }
         uint64_t hdr = b->d;
         for (int i = 0; i < 8; i++) hdr |= (uint64_t)iq4_xs_ls(b, i) << (16 + 6 * i);
         memcpy(dst + 16 * NB + 8 * blk, &hdr, 8); // little-endian, host and GPU alike
@@ -2156,6 +2177,16 @@ __host__ __device__ __forceinline__ int prmt(int a, int b, int sel) {
     return (int)d;
 #endif
 }
+// One plane word worked through. Elements 4k..4k+3 have kvalues indices 0, 5, 9, 14 (values
+// -127, -35, 13, 89); elements 16+4k..16+4k+3 have 7, 8, 3, 15 (values -10, 1, -65, 113).
+//   codes (iq4_code), lowest nibble first:  8 1 d 6  3 c b 7  ->  w = 0x7bc36d18
+//   low half:  prmt(A, w & 0x7777 = 0x6510) = A[0] A[1] A[5] A[6] = -127 -104  13  25
+//              prmt(D, w          = 0x6d18) =  0   D[1]  0   D[6] =    0   69   0  64
+//              *lo = the byte sums                                 = -127  -35  13  89
+//   high half: prmt(A, 0x7343) = A[3] A[4] A[3] A[7] = -65   1 -65  38
+//              prmt(D, 0x7bc3) = D[3]  0    0   D[7] =  55   0   0  75
+//              *hi                                   = -10   1 -65 113
+// (test_iq4_planes checks this word.)
 // a0, d0: the tables' first words (IQ4_A0, IQ4_D0; Iq4Lut above says why they are arguments).
 __host__ __device__ __forceinline__ void iq4_lookup8(int w, int a0, int d0, int *lo, int *hi) {
     int m = w & 0x77777777;

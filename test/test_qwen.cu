@@ -478,6 +478,41 @@ static void test_iq4_planes(void) {
             }
         }
     check(bad == 0, "iq4_lookup8 (host run): all 16 values in all 8 positions of a word");
+    // the repack's shuffle (iq4_plane_word) against its plain loop: every byte value in every
+    // place of a word, then random sub-blocks
+    bad = 0;
+    for (int k = 0; k < 4; k++)
+        for (int p = 0; p < 4; p++)
+            for (int v = 0; v < 256; v++) {
+                uint8_t qs[16];
+                for (int i = 0; i < 16; i++) qs[i] = (uint8_t)(i * 37 + 5);
+                qs[4 * k + p] = (uint8_t)v;
+                bad += iq4_plane_word(qs, k) != iq4_plane_word_c(qs, k);
+            }
+    uint64_t rs = 0x9e3779b97f4a7c15ull;
+    for (int n = 0; n < 20000; n++) {
+        uint8_t qs[16];
+        for (int i = 0; i < 16; i++) {
+            rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+            qs[i] = (uint8_t)(rs >> 56);
+        }
+        for (int k = 0; k < 4; k++) bad += iq4_plane_word(qs, k) != iq4_plane_word_c(qs, k);
+    }
+    check(bad == 0, "iq4_plane_word (the repack's shuffle) = iq4_plane_word_c, 4096 + 80000 words");
+    // the word worked through above iq4_lookup8 in qwen.cu
+    {
+        const uint8_t qs[16] = {0x70, 0x85, 0x39, 0xfe}; // elements 0..3: 0 5 9 14; 16..19: 7 8 3 15
+        uint32_t w = iq4_plane_word(qs, 0);
+        int lo, hi, ok = w == 0x7bc36d18u;
+        ok &= (uint32_t)prmt((int)IQ4_A0, (int)IQ4_A1, (int)(w & 0x7777)) == 0x190d9881u; // -127 -104 13 25
+        ok &= (uint32_t)prmt((int)IQ4_D0, (int)IQ4_D1, (int)w) == 0x40004500u;            // 0 69 0 64
+        ok &= (uint32_t)prmt((int)IQ4_A0, (int)IQ4_A1, 0x7343) == 0x26bf01bfu;             // -65 1 -65 38
+        ok &= (uint32_t)prmt((int)IQ4_D0, (int)IQ4_D1, 0x7bc3) == 0x4b000037u;             // 55 0 0 75
+        iq4_lookup8((int)w, &lo, &hi);
+        const int want[8] = {-127, -35, 13, 89, -10, 1, -65, 113};
+        for (int p = 0; p < 8; p++) ok &= (int8_t)((p < 4 ? lo : hi) >> (8 * (p % 4))) == want[p];
+        check(ok, "the IQ4_XS word worked through in qwen.cu: 0x7bc36d18, its picks and 8 values");
+    }
     // a repacked block decodes to the file's values, element by element
     block_iq4_xs b;
     memset(&b, 0, sizeof b);
