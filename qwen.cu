@@ -2824,7 +2824,12 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
 }
 
 // --- 6.8 matvec(): which kernel a launch takes ---------------------------------------------------
-// Both fast kernels exist because each is the faster one for part of a
+// The entry points of every mat-vec, matvec() and matvec_batch(): the simple kernel (6.1) for
+// weights in the file's layout; for weights in planes the per-block kernel (6.5), or the streaming
+// one (6.6) where mv_use_stream says so.
+
+// Speed: the choice between the two fast kernels, per launch (test/PERF_NOTES.md,
+// "Mat-vec (section 6)"). Both fast kernels exist because each is the faster one for part of a
 // token's launches: the streaming kernel for long runs (a warp's run holds about two whole row
 // groups or more: gate/up, the DeltaNet in-projections, the output matrix), the per-block kernel
 // for short ones, where the streaming kernel's runs become chains of memory latencies whose row
@@ -3761,23 +3766,6 @@ __global__ void gdn_gated_norm_kernel(Act out, const float *o /* (Hv, S) */,
     if (out.q.q) quantize_block_warp(v, out.q, i / 32, gridDim.x * S / 32);
 }
 
-// One token of a DeltaNet layer between its in-projections and its out-projection, in one launch
-// (the three kernels of 7.3 do the same in three launches; they remain the path for S > 128, and
-// a prompt runs gdn_step_kernel between its row kernels). Block hv takes v head hv and its k head
-// hk = hv % Hk:
-//   1. its state (S x S, the kernel's bytes) requested first, S/32 rows per warp, lane l holding
-//      columns l, l + 32, ... (gdn_step_kernel's L = 32 layout);
-//   2. the conv + SiLU of its 3S channels (q and k of hk, v of hv), then the L2 norms of q and k
-//      and the gates g, beta, as gdn_conv_norm_kernel;
-//   3. the delta rule, as gdn_step_kernel; o stays in shared memory;
-//   4. the gated RMSNorm of o and its 16-bit copy, as gdn_gated_norm_kernel;
-//   5. the new conv window of its channels (below).
-// The conv state of the v channels belongs to one block; that of the q and k channels is read by
-// the Hv/Hk blocks that share hk, so none may overwrite it before all have read it: each block
-// counts itself in after its reads (count[hk]), and the last to arrive writes the new window at its
-// end and resets the count. No block waits for another, so any number of blocks may be resident.
-// Grid Hv, 1024 threads (S = 32 * NT, NT <= 4). C twins: gdn_conv_c, l2norm_c, gdn_step_c,
-// gated_rmsnorm_c, quantize_block_c; the gates are gdn_gates, which the CPU path runs too.
 // --- 7.4 a DeltaNet token in one launch ----------------------------------------------------------
 // Speed: the five steps of 7.3 in one kernel, o and the gates kept on the SM: one launch a layer
 // instead of three (test/PERF_NOTES.md, "Decode run 14"). A first reading can skip to 7.5: the
@@ -3985,6 +3973,10 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h 
 // ------------------------------------------------------------------------------------------------
 // 8. Prefill kernels: a batch of prompt tokens through a layer at once
 // ------------------------------------------------------------------------------------------------
+// Speed: the whole section. Without it (-b 1) a prompt goes token by token through the decode path
+// of sections 6, 7 and 9, the exact reference; batched, pp512 runs at ~2,900 tokens/s on an H100
+// for the 27B (test/PERF_NOTES.md, "Prefill (section 8)", "Prefill run 6").
+//
 // Decode reads every weight once per token and is bound by memory bandwidth. The T tokens of a
 // prompt batch can share those reads: each mat-vec becomes a matrix product
 //
@@ -5261,14 +5253,14 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
 
 // --- the weight upload: the step order, then the copy -------------------------------------------
 
-// The step order of the planes (6.3): for every streaming launch of a token, as matvec and
-// matvec_batch will plan it, the order of its matrices' units, set before they are uploaded. A
-// launch's matrices are the ones forward_gpu_enqueue gives it (a change there must be made here
-// too: matvec_stream checks every launch's matrices against the order they were stored in).
-// step_order_set stores one launch's matrices in step order; step_order_group decides which
-// launches are: none with an IQ4_XS matrix. IQ4_XS's streaming loop is held by its arithmetic (the
-// lookup), not by where its reads fall, and the order's slot arithmetic costs it as much as the
-// order saves (test/PERF_NOTES.md, "Design record").
+// Speed: the step order of the planes (6.7; test/PERF_NOTES.md, "Mat-vec (section 6)"): for every
+// streaming launch of a token, as matvec and matvec_batch will plan it, the order of its matrices'
+// units, set before they are uploaded. A launch's matrices are the ones forward_gpu_enqueue gives
+// it (a change there must be made here too: matvec_stream checks every launch's matrices against
+// the order they were stored in). step_order_set stores one launch's matrices in step order;
+// step_order_group decides which launches are: none with an IQ4_XS matrix. IQ4_XS's streaming loop
+// is held by its arithmetic (the lookup), not by where its reads fall, and the order's slot
+// arithmetic costs it as much as the order saves (test/PERF_NOTES.md, "Design record").
 static void step_order_set(int n, Tensor *const *W) {
     MvPlan p;
     memset(&p, 0, sizeof p);
@@ -5670,6 +5662,8 @@ static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
 }
 
 // --- prefill: the batched pass (kernels in section 8) --------------------------------------------
+// Speed: as section 8 (test/PERF_NOTES.md, "Prefill (section 8)"): engine_eval runs a prompt
+// through forward_gpu token by token without it.
 
 // Blocks of matmul_kernel<TYPE> resident on the whole GPU at once (the stream-K grid). The first
 // call also opts the kernels in to their 72 KB of shared memory (over 48 KB must be asked for).

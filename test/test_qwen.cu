@@ -1174,6 +1174,98 @@ static int defined_in(const char *src, const char *name) {
     }
     return 0;
 }
+// The "Speed:" marks of qwen.cu (its header says what they promise): a "// Speed:" line right
+// after a section's banner marks the section, right after a subsection's "// --- " title the
+// subsection, and as the first line of a top-level comment block (after a blank line) that block
+// up to the next such block. Each mark's comment must name test/PERF_NOTES.md and, in quotes, the
+// headings there ("## ..." or a bold line) that hold its measurements. Returns the lines marked;
+// *n_lines: all lines; *n_marks, *n_stray (marks in no such place), *n_badref (a name not there).
+static int line_is_rule(const char *l, size_t n) { // "// ----...": a section's banner rule
+    if (n < 20 || strncmp(l, "// ----", 7)) return 0;
+    for (size_t i = 3; i < n; i++)
+        if (l[i] != '-') return 0;
+    return 1;
+}
+static int speed_marks(const char *src, const char *notes, int *n_lines, int *n_marks,
+                       int *n_stray, int *n_badref) {
+    int cap = 1 << 14, n = 0;
+    const char **ln = (const char **)xmalloc(cap * sizeof *ln, "lines");
+    size_t *len = (size_t *)xmalloc(cap * sizeof *len, "lines");
+    for (const char *p = src; *p && n < cap;) {
+        const char *e = strchr(p, '\n');
+        ln[n] = p;
+        len[n] = e ? (size_t)(e - p) : strlen(p);
+        n++;
+        p += len[n - 1] + (e ? 1 : 0);
+    }
+#define IS_SUB(i) (len[i] > 8 && !strncmp(ln[i], "// --- ", 7) && ln[i][len[i] - 1] == '-')
+#define IS_SECTION(i) ((i) + 2 < n && line_is_rule(ln[i], len[i]) && line_is_rule(ln[(i) + 2], len[(i) + 2]))
+    char *marked = (char *)xcalloc(n, 1, "marks");
+    *n_marks = *n_stray = *n_badref = 0;
+    for (int i = 0; i < n; i++) {
+        const char *t = ln[i];
+        while (t < ln[i] + len[i] && *t == ' ') t++;
+        if (strncmp(t, "// Speed:", 9)) continue;
+        (*n_marks)++;
+        int a = -1, b = i + 1;
+        if (t != ln[i]) { // indented: marks nothing
+        } else if (i >= 3 && IS_SECTION(i - 3)) {
+            a = i - 3;
+            while (b < n && !IS_SECTION(b)) b++;
+        } else if (i >= 1 && IS_SUB(i - 1)) {
+            a = i - 1;
+            while (b < n && !IS_SUB(b) && !IS_SECTION(b)) b++;
+        } else if (i >= 1 && len[i - 1] == 0) {
+            a = i;
+            while (b < n && !IS_SUB(b) && !IS_SECTION(b) &&
+                   !(len[b - 1] == 0 && !strncmp(ln[b], "//", 2)))
+                b++;
+        }
+        if (a < 0) {
+            (*n_stray)++;
+            printf("     a Speed: mark in no place it can mark: line %d\n", i + 1);
+            continue;
+        }
+        for (int k = a; k < b; k++) marked[k] = 1;
+        // the mark's comment: its quoted names, each a heading or bold line of the notes
+        int refs = 0, bad = 0, notes_named = 0;
+        for (int k = i; k < n && !strncmp(ln[k], "//", 2); k++) {
+            char line[256];
+            snprintf(line, sizeof line, "%.*s", (int)len[k], ln[k]);
+            if (strstr(line, "test/PERF_NOTES.md")) notes_named = 1;
+            for (char *q = strchr(line, '"'); q; q = strchr(q + 1, '"')) {
+                char *q2 = strchr(q + 1, '"');
+                if (!q2) break;
+                *q2 = 0;
+                int found = 0;
+                for (const char *h = strstr(notes, q + 1); h && !found; h = strstr(h + 1, q + 1)) {
+                    const char *bol = h;
+                    while (bol > notes && bol[-1] != '\n') bol--;
+                    const char *s = bol;
+                    while (*s == '#' || *s == '*' || *s == ' ') s++;
+                    found = s == h && (*bol == '#' || !strncmp(bol, "**", 2));
+                }
+                refs++;
+                bad += !found;
+                if (!found) printf("     Speed: mark at line %d names \"%s\", no heading of "
+                                   "test/PERF_NOTES.md\n", i + 1, q + 1);
+                q = q2;
+            }
+        }
+        if (!notes_named || refs == 0 || bad) {
+            (*n_badref)++;
+            if (!notes_named || refs == 0)
+                printf("     Speed: mark at line %d names no heading of test/PERF_NOTES.md\n", i + 1);
+        }
+    }
+#undef IS_SUB
+#undef IS_SECTION
+    int m = 0;
+    for (int i = 0; i < n; i++) m += marked[i];
+    *n_lines = n;
+    free(marked); free(ln); free(len);
+    return m;
+}
 static void test_source_form(void) {
     char *src = read_file("qwen.cu", NULL), *tok = read_file("tokenizer.c", NULL);
     char *readme = read_file("README.md", NULL);
@@ -1263,6 +1355,61 @@ static void test_source_form(void) {
     snprintf(name, sizeof name, "source form: the README's reading map, %d names, each a function",
              n_named);
     report(map && n_named > 40 && n_missing == 0, name, n_missing, 0);
+    // the README's first reading: every `name` in its paragraph a function, and its line counts
+    // those of the marks (within 2 %)
+    const char *fr = strstr(readme, "**First reading**");
+    const char *fr_end = fr ? strstr(fr, "\n\n") : NULL;
+    int fr_named = 0, fr_missing = 0;
+    for (const char *p = fr; p && p < fr_end; p++) {
+        if (*p != '`') continue;
+        const char *q = strchr(p + 1, '`');
+        if (!q || q > fr_end) break;
+        size_t n = (size_t)(q - p - 1);
+        int ident = n > 0 && n < sizeof name;
+        for (size_t i = 0; ident && i < n; i++)
+            ident = isalnum((unsigned char)p[1 + i]) || p[1 + i] == '_';
+        if (ident) {
+            memcpy(name, p + 1, n);
+            name[n] = 0;
+            fr_named++;
+            if (!defined_in(src, name)) {
+                fr_missing++;
+                printf("     the README's first reading names '%s', which is not a function here\n",
+                       name);
+            }
+        }
+        p = q;
+    }
+    snprintf(name, sizeof name, "source form: the README's first reading, %d names, each a function",
+             fr_named);
+    report(fr && fr_named >= 15 && fr_missing == 0, name, fr_missing, 0);
+    char *notes = read_file("test/PERF_NOTES.md", NULL);
+    int n_all = 0, n_marks = 0, n_stray = 0, n_badref = 0;
+    int n_marked = notes ? speed_marks(src, notes, &n_all, &n_marks, &n_stray, &n_badref) : 0;
+    printf("     qwen.cu: %d lines, %d marked \"Speed:\" by %d marks, %d for a first reading\n",
+           n_all, n_marked, n_marks, n_all - n_marked);
+    snprintf(name, sizeof name, "source form: %d Speed: marks, each where it marks a block and "
+             "naming its measurements", n_marks);
+    report(notes && n_marks >= 5 && n_stray == 0 && n_badref == 0, name, n_stray + n_badref, 0);
+    // "about N of the M lines" in the README's first reading, against the count
+    double said_n = 0, said_m = 0;
+    const char *ab = fr ? strstr(fr, "(about ") : NULL;
+    if (ab && ab < fr_end) {
+        char num[2][16] = {"", ""};
+        if (sscanf(ab, "(about %15[0-9,] of the %15[0-9,] lines", num[0], num[1]) == 2)
+            for (int k = 0; k < 2; k++) {
+                double v = 0;
+                for (const char *c = num[k]; *c; c++)
+                    if (*c != ',') v = 10 * v + (*c - '0');
+                (k ? said_m : said_n) = v;
+            }
+    }
+    snprintf(name, sizeof name, "source form: the README's first reading says about %.0f of %.0f "
+             "lines (counted: %d of %d)", said_n, said_m, n_all - n_marked, n_all);
+    report(said_n > 0 && fabs(said_n - (n_all - n_marked)) <= 0.02 * n_all &&
+               fabs(said_m - n_all) <= 0.02 * n_all, name, fabs(said_n - (n_all - n_marked)),
+           0.02 * n_all);
+    free(notes);
     free(src); free(tok); free(readme);
 }
 
