@@ -34,12 +34,15 @@
 // when that line follows its title) and still has a complete, correct engine in front of it.
 //
 // The path of one generated token: main -> mode_generate -> gen_feed (the prompt) -> engine_eval
-// -> forward_gpu_batch, which runs the prompt's tokens through each layer together and gives the
-// logits of the first sampled token; then gen_answer -> sample, and per new token engine_forward ->
-// forward_gpu, which replays the graph of forward_gpu_enqueue: rope_angles_kernel once, then per
-// layer rmsnorm_quant, attention_block_gpu (matvec_qkv, attention, matvec) or deltanet_block_gpu
-// (matvec_batch, gdn_token, matvec), rmsnorm_quant, ffn_gate_up, matvec; then the output norm and
-// matvec into the logits. On the CPU, forward_cpu runs the same steps in C, one token at a time.
+// -> gpu_prompt_batches -> forward_gpu_batch, which runs the prompt's tokens through each layer
+// together, and batch_logits_gpu, whose last row gives the first sampled token's logits; then
+// gen_answer -> sample, and per new token engine_forward -> forward_gpu, which replays the graph of
+// forward_gpu_enqueue: rope_angles_kernel once, then per layer rmsnorm_quant, attention_block_gpu
+// (matvec_qkv, attention, matvec) or deltanet_block_gpu (matvec_batch, gdn_token, matvec),
+// rmsnorm_quant, ffn_gate_up, matvec; then the output norm and matvec into the logits. On the CPU,
+// forward_cpu runs the same steps in C, one token at a time. A first reading follows the same path
+// with -b 1 (the prompt token by token through forward_gpu), the per-block mat-vec for every matrix
+// and DeltaNet's three kernels (7.3) for gdn_token: the marked blocks change how fast, not what.
 //
 // Conventions used everywhere:
 //   * A weight with GGUF shape {n_in, n_out} is n_out rows of n_in elements; y[r] = dot(W[r,:], x).
@@ -1005,7 +1008,7 @@ typedef struct {
     int ssm_inner;            // Hv * S
 } Config;
 
-// Where the fast mat-vecs' units of a tensor lie in its device copy (the planes' step order, 6.3):
+// Where the fast mat-vecs' units of a tensor lie in its device copy (the planes' step order, 6.7):
 // upw = 0 row by row; else the units in the order of the streaming launch that reads them, whose
 // runs are upw units long and in whose stream the tensor's units are [first, first + units).
 typedef struct {
@@ -1022,7 +1025,7 @@ typedef struct {
     size_t nbytes;
     void *dev;             // device copy: the file's rows, or the planes (6.3); NULL: not uploaded
     int planes;            // 1: the device copy is in the plane layout of the fast mat-vecs (6.3)
-    StepOrder so;          // planes only: the order of their units (6.3; so.upw = 0: row by row)
+    StepOrder so;          // planes only: the order of their units (6.7; so.upw = 0: row by row)
 } Tensor;
 
 typedef struct {
@@ -2312,7 +2315,7 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 // loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
 // C twin: matvec_xq_c.
 #define FAST_ROWS 8          // rows per block: more rows share each activation load and put more
-                             // bytes in flight; half of it for long rows and Q4_0 (matvec())
+                             // bytes in flight; half of it for long rows and Q4_0 (matvec_blocks)
 #define FAST_MAX_THREADS 256 // threads per block at most (fast_threads)
 // LOADS_FIRST: a __syncwarp() between a pass's loads and its arithmetic. Left alone, ptxas issues
 // the loads of row r+1 only once row r's arithmetic is under way (it saves registers that way):
@@ -2460,7 +2463,7 @@ static void matvec_blocks_batch(int n, const Tensor *const *W, const float *cons
 // --- 6.6 the streaming mat-vec -------------------------------------------------------------------
 // Speed: the launches whose warps get long runs of rows (gate/up, the DeltaNet in-projections, the
 // output matrix) stream at 91-96 % of copy bandwidth here, 73 % on 6.5 (test/PERF_NOTES.md,
-// "Mat-vec (section 6)"). A first reading can skip to section 7: 6.5 computes the same y.
+// "Mat-vec (section 6)"). A first reading can skip to 6.8: 6.5 computes the same y.
 //
 // One launch computes up to BATCH_MAX matrices that read the same input (q, k, v; DeltaNet's qkv,
 // z, beta, alpha; gate and up). Rows are taken MV_ROWS at a time (a row group) and cut into chunks
@@ -2588,7 +2591,7 @@ __device__ __forceinline__ void mv_rows_part(const MvPlan &p, int m, int grp, in
 }
 
 // Units [c0, c1) of matrix m (unit c: group c / cpr, chunk c % cpr), this warp's piece of it.
-// STEP: the matrix's planes are in this launch's step order (6.3).
+// STEP: the matrix's planes are in this launch's step order (6.7).
 template <int TYPE, bool STEP>
 __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, int c1, int warp) {
     const int R = MV_ROWS;
@@ -4310,7 +4313,7 @@ template <int TYPE>
 __global__ void __launch_bounds__(MM_THREADS, 2)
 matmul_kernel(const uint8_t *W, // weights: planes (fast types) or fp16 rows (n_out, n_in)
               size_t NB,        // sub-blocks in the planes
-              StepOrder so,     // the planes' order (6.3)
+              StepOrder so,     // the planes' order (6.7)
               ActH x,           // (T, x.ld) input rows
               float *y,         // (T, ldy) output
               float *part,      // (gridDim.x, 2, MM_TT, MM_TN) partial sums of cut tiles
@@ -4662,10 +4665,11 @@ rope_and_kv_store_kernel(float *q,            // (T, n_head, hd) out
 // The softmax takes two passes over the keys: the first finds each row's maximum m, the second
 // computes P and O with that final m, so O stays in the tensor cores' accumulators and never needs
 // rescaling (WMMA's fragment layout is opaque); the second pass recomputes S, which is cheap on the
-// tensor cores. Keys past the last visible one are zeros in shared memory (the cache beyond is not
-// initialized: 0 * nan would poison O). The output is the fp16 input row of Wo; it needs no
-// scaling: a convex combination of fp16 cache values (times a gate) is inside fp16's range. C twin:
-// attention_prefill_c per query (the same fp16 roundings; attention_c is the exact math).
+// tensor cores. Keys past the last visible one are zeros in shared memory (the cache beyond holds
+// stale rows of an earlier prompt, or anything: 0 * nan would poison O). The output is the fp16
+// input row of Wo; it needs no scaling: a convex combination of fp16 cache values (times a gate) is
+// inside fp16's range. C twin: attention_prefill_c per query (the same fp16 roundings; attention_c
+// is the exact math).
 #define PA_TQ 64
 #define PA_THREADS 256
 __host__ __device__ static inline int pa_tk(int hd) { return hd > 128 ? 32 : 64; } // keys per chunk
