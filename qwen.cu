@@ -7,10 +7,14 @@
 // pass has a plain-C twin in this file: the C twin is the readable specification, `--cpu` runs the
 // whole model on it, and the tests compare the two.
 //
-// Minimal in three ways only: no dependencies beyond the CUDA toolkit, one file (with tokenizer.c),
-// no abstraction layers (plain structs and functions, one kernel per step). It is not small: about
-// a quarter of it exists only for speed, and every such block says so in a first comment line that
-// starts "Speed:" and names its measurements in test/PERF_NOTES.md.
+// Minimal in three ways only: no dependencies beyond the CUDA toolkit, one file (with the tokenizer
+// it includes), no abstraction layers (plain structs, functions and kernels; no classes, no
+// framework). It is not small. A quarter of it can be skipped on a first reading: code that exists
+// only for speed (the streaming mat-vec, the step order, the DeltaNet token kernel, the batched
+// prompt pass), each block marked by a first comment line that starts "Speed:" and names its
+// measurements in test/PERF_NOTES.md. Other choices made for speed (the 16-bit activations, the
+// planes, the CUDA graph, the attention's split) lie on the path a first reading follows, and are
+// explained where they are.
 //
 // Read it top to bottom; the sections follow one token from the file on disk to the next token:
 //
@@ -42,7 +46,8 @@
 // rmsnorm_quant, ffn_gate_up, matvec; then the output norm and matvec into the logits. On the CPU,
 // forward_cpu runs the same steps in C, one token at a time. A first reading follows the same path
 // with -b 1 (the prompt token by token through forward_gpu), the per-block mat-vec for every matrix
-// and DeltaNet's three kernels (7.3) for gdn_token: the marked blocks change how fast, not what.
+// and DeltaNet's three kernels (7.3) for gdn_token. The marked blocks change how fast, and the
+// rounding (the order of sums; the batched prompt's fp16 operands), not the math.
 //
 // Conventions used everywhere:
 //   * A weight with GGUF shape {n_in, n_out} is n_out rows of n_in elements; y[r] = dot(W[r,:], x).
@@ -2463,7 +2468,8 @@ static void matvec_blocks_batch(int n, const Tensor *const *W, const float *cons
 // --- 6.6 the streaming mat-vec -------------------------------------------------------------------
 // Speed: the launches whose warps get long runs of rows (gate/up, the DeltaNet in-projections, the
 // output matrix) stream at 91-96 % of copy bandwidth here, 73 % on 6.5 (test/PERF_NOTES.md,
-// "Mat-vec (section 6)"). A first reading can skip to 6.8: 6.5 computes the same y.
+// "Mat-vec (section 6)"). A first reading can skip to 6.8: 6.5 computes the same y (up to the
+// order of its sums).
 //
 // One launch computes up to BATCH_MAX matrices that read the same input (q, k, v; DeltaNet's qkv,
 // z, beta, alpha; gate and up). Rows are taken MV_ROWS at a time (a row group) and cut into chunks
@@ -2759,13 +2765,13 @@ static int mv_grid_warps(void) {
     return warps;
 }
 
-// The launch's block shape (the paragraph above): one block of MV_ONE_BLOCK threads per SM for
-// launches of one type, Q4_0 or Q6_K in step order or IQ4_XS; one of 512 for launches that mix
-// IQ4_XS with another type row by row (at 640 threads their kernel spills registers, as does Q5_K's
-// in step order on sm_70); two blocks of 256 for the rest (Q5_K alone, row-by-row launches without
-// IQ4_XS, every mixed launch in step order: small shapes, other files). matvec_stream launches only
-// the kernel whose block shape this says: a plan of one shape run with the other's block would
-// cover a different set of units.
+// The launch's block shape (the block-shape paragraph above mv_grid_warps): one block of
+// MV_ONE_BLOCK threads per SM for launches of one type, Q4_0 or Q6_K in step order or IQ4_XS; one
+// of 512 for launches that mix IQ4_XS with another type row by row (at 640 threads their kernel
+// spills registers, as does Q5_K's in step order on sm_70); two blocks of 256 for the rest (Q5_K
+// alone, row-by-row launches without IQ4_XS, every mixed launch in step order: small shapes, other
+// files). matvec_stream launches only the kernel whose block shape this says: a plan of one shape
+// run with the other's block would cover a different set of units.
 #define MV_ONE_BLOCK 640 // 20 warps at 96 registers (ptxas, sm_70 and sm_90: no spills for these)
 // The type of all the plan's matrices, or -1 when they mix types.
 static int mv_plan_type(const MvPlan *p) {
@@ -7186,7 +7192,7 @@ static void print_perplexity(const PplResult *r, int kld) {
 #ifndef TESTING
 
 // --- the command line ----------------------------------------------------------------------------
-// llama.cpp's flag names where it has one; parse_args fills Args (the start of this section).
+// llama.cpp's flag names where it has one; parse_args fills Args (defined after the engine).
 
 static void usage(FILE *f) {
     fprintf(
