@@ -34,8 +34,8 @@
 //   11. running the model .... the engine, generate and chat, --bench, --info, perplexity and
 //                              KL-divergence files, the command line and its modes
 //
-// A first reading skips every block whose first comment line starts "Speed:" (a whole subsection
-// when that line follows its title) and still has a complete, correct engine in front of it.
+// A first reading skips every block whose first comment line starts "Speed:" (a whole section or
+// subsection when that line follows its title) and still has a complete, correct engine to read.
 //
 // The path of one generated token: main -> mode_generate -> gen_feed (the prompt) -> engine_eval
 // -> gpu_prompt_batches -> forward_gpu_batch, which runs the prompt's tokens through each layer
