@@ -27,7 +27,7 @@ for arch in ${ARCHS:-qwen3 qwen35}; do
             log=$out/trained-$tag-$name.log
             "$bin" -m "$f" --kl-divergence --kl-divergence-base "$base" > "$log" 2>&1
             awk -v b="$tag" -v a="$arch" -v n="${name#$arch-}" '
-                /^Mean PPL\(Q\)/ {ppl = $4} /^Mean    KLD:/ {k = $3; e = $5}
+                /^Mean PPL\(Q\) +:/ {ppl = $4} /^Mean    KLD:/ {k = $3; e = $5}
                 /^Same top p:/ {t = $4}
                 END {printf "%-8s %-8s %-18s %10s %12s %10s %7s%%\n", b, a, n, ppl, k, e, t}' "$log"
         done
