@@ -1266,6 +1266,31 @@ static int speed_marks(const char *src, const char *notes, int *n_lines, int *n_
     free(marked); free(ln); free(len);
     return m;
 }
+// Every `identifier` between p and end (README text) that is not a function defined in src (or in
+// tok, when given) is printed and counted in *n_missing; *n_named counts them all.
+static void check_named_functions(const char *p, const char *end, const char *src, const char *tok,
+                                  const char *where, int *n_named, int *n_missing) {
+    char name[128];
+    for (; p < end; p++) {
+        if (*p != '`') continue;
+        const char *q = (const char *)memchr(p + 1, '`', end - p - 1);
+        if (!q) break;
+        size_t n = (size_t)(q - p - 1);
+        int ident = n > 0 && n < sizeof name;
+        for (size_t i = 0; ident && i < n; i++)
+            ident = isalnum((unsigned char)p[1 + i]) || p[1 + i] == '_';
+        if (ident) {
+            memcpy(name, p + 1, n);
+            name[n] = 0;
+            (*n_named)++;
+            if (!defined_in(src, name) && !(tok && defined_in(tok, name))) {
+                (*n_missing)++;
+                printf("     the README's %s names '%s', which is not a function here\n", where, name);
+            }
+        }
+        p = q;
+    }
+}
 static void test_source_form(void) {
     char *src = read_file("qwen.cu", NULL), *tok = read_file("tokenizer.c", NULL);
     char *readme = read_file("README.md", NULL);
@@ -1330,27 +1355,10 @@ static void test_source_form(void) {
         if (row[0] != '|' || !strncmp(row, "|---", 4) || !strncmp(row, "| piece", 7)) continue;
         const char *eol = strchr(row, '\n');
         if (!eol) eol = row + strlen(row);
-        int cell = 0;
-        for (const char *p = row; p < eol; p++) {
-            if (*p == '|') { cell++; continue; }
-            if (*p != '`' || cell < 3) continue;
-            const char *q = strchr(p + 1, '`');
-            if (!q || q > eol) break;
-            size_t n = (size_t)(q - p - 1);
-            int ident = n > 0 && n < sizeof name;
-            for (size_t i = 0; ident && i < n; i++)
-                ident = isalnum((unsigned char)p[1 + i]) || p[1 + i] == '_';
-            if (ident) {
-                memcpy(name, p + 1, n);
-                name[n] = 0;
-                n_named++;
-                if (!defined_in(src, name) && !defined_in(tok, name)) {
-                    n_missing++;
-                    printf("     the reading map names '%s', which is not a function here\n", name);
-                }
-            }
-            p = q;
-        }
+        const char *cells = row; // the row's first '|'; the C twin cell begins after its third
+        for (int k = 0; k < 2 && cells; k++)
+            cells = (const char *)memchr(cells + 1, '|', eol - cells - 1);
+        if (cells) check_named_functions(cells, eol, src, tok, "reading map", &n_named, &n_missing);
     }
     snprintf(name, sizeof name, "source form: the README's reading map, %d names, each a function",
              n_named);
@@ -1360,26 +1368,8 @@ static void test_source_form(void) {
     const char *fr = strstr(readme, "**First reading**");
     const char *fr_end = fr ? strstr(fr, "\n\n") : NULL;
     int fr_named = 0, fr_missing = 0;
-    for (const char *p = fr; p && p < fr_end; p++) {
-        if (*p != '`') continue;
-        const char *q = strchr(p + 1, '`');
-        if (!q || q > fr_end) break;
-        size_t n = (size_t)(q - p - 1);
-        int ident = n > 0 && n < sizeof name;
-        for (size_t i = 0; ident && i < n; i++)
-            ident = isalnum((unsigned char)p[1 + i]) || p[1 + i] == '_';
-        if (ident) {
-            memcpy(name, p + 1, n);
-            name[n] = 0;
-            fr_named++;
-            if (!defined_in(src, name)) {
-                fr_missing++;
-                printf("     the README's first reading names '%s', which is not a function here\n",
-                       name);
-            }
-        }
-        p = q;
-    }
+    if (fr && fr_end)
+        check_named_functions(fr, fr_end, src, NULL, "first reading", &fr_named, &fr_missing);
     snprintf(name, sizeof name, "source form: the README's first reading, %d names, each a function",
              fr_named);
     report(fr && fr_named >= 15 && fr_missing == 0, name, fr_missing, 0);
