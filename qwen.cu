@@ -5934,10 +5934,15 @@ static void batch_nll_gpu(const Model *m, GpuState *s, int r0, int nr,
 
 #include "tokenizer.c"
 
-// Sampling follows llama.cpp's default order so runs are comparable with the same flags:
-//   top-k  ->  top-p and min-p (on the softmax of the raw logits)  ->  temperature  ->  draw.
-// temp <= 0 is greedy (argmax, lowest id on ties). The random stream is xorshift64* seeded by
-// --seed: the same seed, model and prompt give the same tokens.
+// Sampling follows llama.cpp's default chain, so that the same flags mean the same thing in both:
+//   top-k  ->  top-p  ->  min-p  ->  temperature  ->  draw.
+// top-p's nucleus is the smallest set of the most likely tokens whose probabilities (the softmax
+// of the raw logits of the top-k candidates) sum to at least top_p; min-p then keeps the tokens
+// with p >= min_p * p_max, i.e. logit >= max logit + ln(min_p). Both keep a prefix of the same
+// order (logit, then id), so their order decides nothing, but the nucleus is taken on the top-k
+// softmax, before min-p, as llama.cpp takes it. The temperature applies to what is left. temp <= 0
+// is greedy (argmax, lowest id on ties). The random stream is xorshift64* seeded by --seed: the
+// same seed, model and prompt give the same tokens.
 
 typedef struct {
     float logit, p;
@@ -6012,10 +6017,11 @@ static void keep_top_k(Candidate *c, int n, int k) {
     }
 }
 
-// Returns -1 when the logits are not finite (a NaN, or an infinity that makes the softmax NaN): the
-// model's weights hold such values or its activations overflowed, and no token can be drawn.
-static int sample(Sampler *s, const float *logits) {
-    if (s->temp <= 0.0f) return argmax(logits, s->n_vocab);
+// The candidates a draw chooses from: top-k, then top-p, then min-p (the chain above) leave them in
+// s->cand[0..n), and the return value is n, at least 1. *mx gets the largest logit. -1 when the
+// logits are not finite (a NaN, or an infinity that makes the softmax NaN): the model's weights
+// hold such values or its activations overflowed, and no token can be drawn.
+static int sampler_keep(Sampler *s, const float *logits, float *mx) {
     Candidate *c = s->cand;
     int n = s->n_vocab, nan = 0;
     for (int i = 0; i < n; i++) {
@@ -6028,28 +6034,28 @@ static int sample(Sampler *s, const float *logits) {
         keep_top_k(c, n, s->top_k);
         n = s->top_k;
     }
-    // softmax at temperature 1, for the top-p and min-p cuts
-    float mx = -INFINITY;
-    for (int i = 0; i < n; i++) mx = fmaxf(mx, c[i].logit);
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) { c[i].p = expf(c[i].logit - mx); sum += c[i].p; }
-    if (!isfinite(mx)) return -1; // an infinity (no NaN is left: the copy above looked)
-    for (int i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
-    // keep p >= min_p * p_max; p_max = 1/sum (the top token always, even for min_p > 1)
-    if (s->min_p > 0.0f) {
-        float cut = s->min_p * (float)(1.0 / sum);
-        int m = 0;
-        for (int i = 0; i < n; i++) if (c[i].p >= cut || c[i].logit == mx) c[m++] = c[i];
-        n = m;
-    }
+    *mx = -INFINITY;
+    for (int i = 0; i < n; i++) *mx = fmaxf(*mx, c[i].logit);
+    if (!isfinite(*mx)) return -1; // an infinity (no NaN is left: the copy above looked)
     if (s->top_p < 1.0f) {
-        // Tokens with p < (1 - top_p)/(n - 1) can never be inside the nucleus: drop them before the
-        // sort.
+        // p = softmax of the candidates' raw logits; S = their sum as the nucleus adds them
+        double sum = 0.0, S = 0.0;
+        for (int i = 0; i < n; i++) { c[i].p = expf(c[i].logit - *mx); sum += c[i].p; }
+        for (int i = 0; i < n; i++) { c[i].p = (float)(c[i].p / sum); S += c[i].p; }
+        // The cut before the sort (the sort is what costs, over a whole vocabulary): a token at
+        // place j >= 1 of the sorted order is in the nucleus only if the places before it sum to
+        // less than top_p. Then the n - j places from j on hold more than S - top_p, each at most
+        // p_t (the order is by logit, and p grows with the logit), so (n - 1) p_t > S - top_p. A
+        // token under that bound cannot be in the nucleus. The bound is loosened by 1e-9 for the
+        // rounding of the double sums (under 1e-10 for any vocabulary) and by a factor 1 + 1e-6
+        // for expf's (a float ulp, 1.2e-7), so the cut never drops a token the nucleus holds. The
+        // top token stays whatever the bound.
         if (n > 1) {
-            float cut = (1.0f - s->top_p) / (n - 1);
+            double bound = (S - s->top_p - 1e-9) / ((n - 1) * (1.0 + 1e-6));
             int m = 0;
-            for (int i = 0; i < n; i++) if (c[i].p >= cut) c[m++] = c[i];
-            if (m > 0) n = m;
+            for (int i = 0; i < n; i++)
+                if (c[i].p >= bound || c[i].logit == *mx) c[m++] = c[i];
+            n = m;
         }
         qsort(c, n, sizeof *c, cand_cmp);
         double cum = 0.0;
@@ -6057,7 +6063,26 @@ static int sample(Sampler *s, const float *logits) {
         while (m < n) { cum += c[m++].p; if (cum >= s->top_p) break; }
         n = m;
     }
-    // temperature on what is left, then draw
+    // min-p as llama.cpp has it, on the logits: p >= min_p * p_max <=> logit >= mx + ln(min_p).
+    // The top token always stays (llama.cpp keeps the first of its sorted candidates).
+    if (s->min_p > 0.0f) {
+        float min_logit = *mx + logf(s->min_p);
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            if (c[i].logit >= min_logit || c[i].logit == *mx) c[m++] = c[i];
+        n = m;
+    }
+    return n;
+}
+
+// The next token: greedy, or a draw from sampler_keep's candidates with p ~ exp(logit / temp).
+// -1 when the logits are not finite (sampler_keep).
+static int sample(Sampler *s, const float *logits) {
+    if (s->temp <= 0.0f) return argmax(logits, s->n_vocab);
+    float mx;
+    int n = sampler_keep(s, logits, &mx);
+    if (n < 0) return -1;
+    Candidate *c = s->cand;
     double total = 0.0;
     for (int i = 0; i < n; i++) { c[i].p = expf((c[i].logit - mx) / s->temp); total += c[i].p; }
     double r = rng_f32(&s->rng) * total, acc = 0.0;

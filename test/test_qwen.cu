@@ -1406,6 +1406,191 @@ static void test_source_form(void) {
 // =================================================================================================
 // Sampler
 // =================================================================================================
+// The sampler's kept set the slow way, as llama.cpp's chain defines it: every candidate sorted
+// (logit, then id; ref_sort, once per vector), the first top_k, their softmax, the shortest prefix
+// whose mass reaches top_p, then logit >= max + ln(min_p) (the top always). ref_keep writes the
+// kept ids and returns their number, -1 for non-finite logits. No cut before the sort: the
+// reference of sampler_keep's.
+static int ref_sort(const float *logits, int n, Candidate *c /* (n) out */) {
+    for (int i = 0; i < n; i++) {
+        if (logits[i] != logits[i]) return -1;
+        c[i].logit = logits[i];
+        c[i].id = i;
+    }
+    qsort(c, n, sizeof *c, cand_cmp);
+    return isfinite(c[0].logit) ? n : -1;
+}
+static int ref_keep(Candidate *c /* ref_sort's order */, int n, int top_k, float top_p, float min_p,
+                    int *ids) {
+    if (n < 0) return -1;
+    if (top_k > 0 && top_k < n) n = top_k;
+    float mx = c[0].logit;
+    if (top_p < 1.0f) {
+        double sum = 0.0;
+        for (int i = 0; i < n; i++) { c[i].p = expf(c[i].logit - mx); sum += c[i].p; }
+        for (int i = 0; i < n; i++) c[i].p = (float)(c[i].p / sum);
+        double cum = 0.0;
+        int m = 0;
+        while (m < n) { cum += c[m++].p; if (cum >= top_p) break; }
+        n = m;
+    }
+    if (min_p > 0.0f) {
+        float min_logit = mx + logf(min_p);
+        int m = 1;
+        while (m < n && c[m].logit >= min_logit) m++;
+        n = m;
+    }
+    for (int i = 0; i < n; i++) ids[i] = c[i].id;
+    return n;
+}
+
+// sampler_keep's set against ref_keep's for one logit vector (sorted by ref_sort into c, n_sorted
+// of them or -1) and one setting: 1 when they are the same set. mark (n) is scratch: the
+// sampler's ids are marked with a stamp of this call, then every reference id must carry it.
+static int keep_matches(const float *logits, int n, Candidate *c, int n_sorted, int top_k,
+                        float top_p, float min_p, unsigned *mark, int *ids) {
+    static unsigned stamp = 0;
+    stamp++;
+    Sampler s;
+    sampler_init(&s, n, 1.0f, top_k, top_p, min_p, 1);
+    float mx;
+    int na = sampler_keep(&s, logits, &mx), nb = ref_keep(c, n_sorted, top_k, top_p, min_p, ids);
+    for (int i = 0; i < na; i++) mark[s.cand[i].id] = stamp;
+    free(s.cand);
+    int same = na == nb;
+    for (int i = 0; same && i < nb; i++) same = mark[ids[i]] == stamp;
+    return same;
+}
+
+// The settings the kept-set checks try: every combination of these, the defaults among them.
+static const int KEEP_K[] = {0, 5, 40, 1000};
+static const float KEEP_P[] = {1.0f, 0.99f, 0.95f, 0.78f, 0.5f};
+static const float KEEP_MINP[] = {0.0f, 0.01f, 0.05f, 0.2f};
+#define N_KEEP_K (int)(sizeof KEEP_K / sizeof KEEP_K[0])
+#define N_KEEP_P (int)(sizeof KEEP_P / sizeof KEEP_P[0])
+#define N_KEEP_MINP (int)(sizeof KEEP_MINP / sizeof KEEP_MINP[0])
+
+// The kept set against the reference: 10,000 random logit vectors of five kinds (Gaussian of three
+// widths, nearly flat, one peak over a Gaussian, integers with many ties, and any of them with -inf
+// entries), each with the defaults (top-k 40, top-p 0.95, min-p 0.05) and four random settings of
+// the grid; then every position of the trained models' reference logits (8,193 tokens) with the
+// whole grid.
+static void test_sampler_keep(void) {
+    const int NMAX = 5000;
+    float *lg = (float *)xmalloc(NMAX * sizeof(float), "a test");
+    unsigned *ia = (unsigned *)calloc(8193, sizeof(unsigned));
+    int *ib = (int *)xmalloc(8193 * sizeof(int), "a test");
+    Candidate *scr = (Candidate *)xmalloc(8193 * sizeof(Candidate), "a test");
+    int tried = 0, bad = 0, first_bad = -1;
+    for (int v = 0; v < 10000; v++) {
+        int n = v % 10 == 0 ? 1 + (int)(urand() * NMAX) : 1 + (int)(urand() * 600);
+        int kind = v % 6;
+        float width = kind == 0 ? 0.5f : kind == 1 ? 2.0f : 5.0f;
+        for (int i = 0; i < n; i++) {
+            float g = nrand();
+            lg[i] = kind <= 2 ? width * g
+                    : kind == 3 ? 1e-3f * g                         // nearly flat
+                    : kind == 4 ? (i == n / 3 ? 12.0f : 2.0f * g)  // one peak
+                                : rintf(3.0f * g);                  // integers: ties
+        }
+        if (v % 7 == 0) // -inf entries (never all of them)
+            for (int i = 0; i < n; i++)
+                if (i != n / 2 && urand() < 0.3f) lg[i] = -INFINITY;
+        int ns = ref_sort(lg, n, scr);
+        for (int t = 0; t < 5; t++) {
+            int k = t == 0 ? 40 : KEEP_K[(int)(urand() * N_KEEP_K)];
+            float tp = t == 0 ? 0.95f : KEEP_P[(int)(urand() * N_KEEP_P)];
+            float mp = t == 0 ? 0.05f : KEEP_MINP[(int)(urand() * N_KEEP_MINP)];
+            tried++;
+            if (!keep_matches(lg, n, scr, ns, k, tp, mp, ia, ib)) {
+                if (first_bad < 0) first_bad = v;
+                bad++;
+            }
+        }
+    }
+    char name[160];
+    snprintf(name, sizeof name, "sampler: kept set = full-sort reference, %d random vectors x settings (bad; first %d)",
+             tried, first_bad);
+    report(bad == 0, name, bad, 0);
+    // the trained models' logits: every position, every setting of the grid
+    int positions = 0;
+    tried = bad = 0;
+    for (int a = 0; a < 2; a++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/trained/%s-ref.f32", DATA, a ? "qwen35" : "qwen3");
+        if (!need_fixture(path, "sampler: kept set = reference on the trained models' logits")) {
+            free(lg); free(ia); free(ib); free(scr);
+            return;
+        }
+        size_t rn;
+        float *ref = read_f32(path, &rn);
+        const int V = 8193;
+        for (size_t p = 0; p + V <= rn; p += V, positions++) {
+            int ns = ref_sort(ref + p, V, scr);
+            for (int i = 0; i < N_KEEP_K; i++)
+                for (int j = 0; j < N_KEEP_P; j++)
+                    for (int l = 0; l < N_KEEP_MINP; l++) {
+                        tried++;
+                        bad += !keep_matches(ref + p, V, scr, ns, KEEP_K[i], KEEP_P[j], KEEP_MINP[l], ia, ib);
+                    }
+        }
+        free(ref);
+    }
+    snprintf(name, sizeof name, "sampler: kept set = reference at %d trained-model positions x %d settings (bad)",
+             positions, N_KEEP_K * N_KEEP_P * N_KEEP_MINP);
+    report(bad == 0 && positions == 256, name, bad, 0);
+    free(lg); free(ia); free(ib); free(scr);
+}
+
+// Draws with the default chain: with a fixed seed, every kept token's share of 400,000 draws within
+// 5 standard deviations of its probability (softmax of logit / temp over the kept set), and no token
+// outside the set ever drawn. The logits: a position of the trained qwen3 where the defaults keep
+// several tokens, or a synthetic vector without the fixture.
+static void test_sampler_draws(void) {
+    const int V = 8193;
+    float *lg = (float *)xmalloc(V * sizeof(float), "a test");
+    char path[512];
+    snprintf(path, sizeof path, "%s/trained/qwen3-ref.f32", DATA);
+    size_t rn = 0;
+    float *ref = read_f32(path, &rn);
+    Sampler s;
+    sampler_init(&s, V, 0.8f, 40, 0.95f, 0.05f, 2);
+    int best = -1, best_n = 0;
+    float mx;
+    for (size_t p = 0; ref && p + V <= rn; p += V) { // the position with the most kept tokens
+        int n = sampler_keep(&s, ref + p, &mx);
+        if (n > best_n) { best_n = n; best = (int)(p / V); }
+    }
+    if (best >= 0) memcpy(lg, ref + (size_t)best * V, V * sizeof(float));
+    else for (int i = 0; i < V; i++) lg[i] = 1.5f * nrand();
+    free(ref);
+    int *ids = (int *)xmalloc(V * sizeof(int), "a test");
+    Candidate *scr = (Candidate *)xmalloc(V * sizeof(Candidate), "a test");
+    int n = ref_keep(scr, ref_sort(lg, V, scr), 40, 0.95f, 0.05f, ids);
+    double *prob = (double *)calloc(V, sizeof(double)), z = 0.0, top = -INFINITY;
+    int *count = (int *)calloc(V, sizeof(int));
+    for (int i = 0; i < n; i++) top = fmax(top, lg[ids[i]]);
+    for (int i = 0; i < n; i++) z += exp((lg[ids[i]] - top) / 0.8);
+    for (int i = 0; i < n; i++) prob[ids[i]] = exp((lg[ids[i]] - top) / 0.8) / z;
+    const int N = 400000;
+    for (int i = 0; i < N; i++) {
+        int t = sample(&s, lg);
+        if (t >= 0 && t < V) count[t]++;
+    }
+    double worst = 0.0;
+    int outside = 0;
+    for (int i = 0; i < V; i++) {
+        if (prob[i] == 0.0) { outside += count[i]; continue; }
+        double sigma = sqrt(prob[i] * (1 - prob[i]) / N) + 1e-12;
+        worst = worse(worst, fabs(count[i] / (double)N - prob[i]) / sigma);
+    }
+    char name[160];
+    snprintf(name, sizeof name, "sampler: default chain, %d kept tokens (position %d): draws match p (worst |z|)",
+             n, best);
+    report(worst < 5.0 && outside == 0 && n > 1, name, worst, 5.0);
+    free(s.cand); free(lg); free(ids); free(scr); free(prob); free(count);
+}
+
 static void test_sampler(void) {
     const int V = 50;
     float logits[V];
@@ -1511,12 +1696,12 @@ static void test_sampler(void) {
     sampler_init(&a, 6, 0.0f, 0, 1.0f, 0.0f, 1);
     check(sample(&a, tie) == 2 && argmax(tie, 6) == 2, "sampler: temp 0 on tied logits picks the smallest id");
     free(a.cand);
-    // min-p above 1 keeps the top token (nothing else reaches min_p x its p): never an empty set
+    // min-p 1 (the most parse_args allows) keeps the top token alone: never an empty set
     for (int i = 0; i < V; i++) logits[i] = nrand();
-    sampler_init(&a, V, 1.0f, 0, 1.0f, 2.0f, 9);
+    sampler_init(&a, V, 1.0f, 0, 1.0f, 1.0f, 9);
     all = 1;
     for (int i = 0; i < 100; i++) all &= sample(&a, logits) == argmax(logits, V);
-    check(all, "sampler: min-p 2 keeps only the top token");
+    check(all, "sampler: min-p 1 keeps only the top token");
     free(a.cand);
     // non-finite logits: no token (-1; the CLI names the position and stops), whatever the settings;
     // a NaN that top-k would drop is seen too
@@ -4190,6 +4375,8 @@ int main(int argc, char **argv) {
     test_att_cut();
     test_source_form();
     test_sampler();
+    test_sampler_keep();
+    test_sampler_draws();
     test_utf8_bounds();
     test_tokenizer();
     test_cli();
