@@ -763,6 +763,12 @@ static int type_supported(int t) {
     }
 }
 
+// F32, F16 and BF16: the float types, which keep fp32 inputs in the mat-vecs (6.1) and products
+// (section 8's header says why).
+static int is_float_weight(int type) {
+    return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
+}
+
 // Bytes of one row of n elements.
 static size_t row_bytes(int type, int64_t n) {
     return (size_t)(n / TYPE_TRAITS[type].blck) * TYPE_TRAITS[type].type_size;
@@ -850,7 +856,7 @@ __host__ __device__ static void k_scale_min(int j, const uint8_t *s, int *sc, in
 // w[0..31] = elements 32u .. 32u+31 of a row: unit u. Every format splits into such units (a
 // 32-weight block is one, a 256-weight super-block eight), and this function is the definition of
 // each: the CPU forward pass (dequant_row), the simple GPU mat-vec (matvec_generic_kernel) and the
-// prefill's fp16 copy of a weight (dequant_f16_kernel) all run it, and the fast kernels of section
+// prefill's twin of its weights (mm_weight_row) all run it, and the fast kernels of section
 // 6 are tested against it. Float types give 0 past n_in. f16_scales: IQ4_XS and Q6_K round the
 // unit's scale to fp16 first, as the prefill's tensor-core decode does (see mm_weight_row).
 __host__ __device__ __forceinline__ void dequant_unit(int type, const uint8_t *row, int u, float *w,
@@ -1694,8 +1700,10 @@ static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
 // section builds it up in steps, the first five a complete fast mat-vec read in one stretch:
 //   6.1 the simple mat-vec: any type, one warp per row, fp32 (twin: matvec_c);
 //   6.2 16-bit activations: the input vector as integers, for dp4a (twin: quantize_block_c);
-//   6.3 the planes: the four fast types' weights rewritten at upload for 16-byte loads;
+//   6.3 the planes: the fast types' weights rewritten at upload for 16-byte loads;
 //   6.4 one 32-weight sub-block times one activation block, per fast type (sub_load, sub_dot);
+//       6.4b the same for Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and Q4_K (marked "Speed:");
+//       6.4c float weights in 16-byte loads (marked "Speed:");
 //   6.5 the per-block mat-vec: a block of threads per few rows (twin of 6.5, 6.6: matvec_xq_c);
 //   6.6 the streaming mat-vec, for long launches (marked "Speed:");
 //   6.7 step order and block shapes (marked "Speed:");
@@ -1744,8 +1752,10 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x));
 // --- 6.1 the simple mat-vec ----------------------------------------------------------------------
 // y[r] = W[r,:] . x (+ bias[r]) (+ y[r] when accumulate). One warp per row; the lanes take the
 // row's 32-weight units in turn (dequant_unit, the format's definition) and their partial sums
-// meet in a shuffle reduction. Every type the engine reads runs here; the fast types take the
-// kernels of 6.5 and 6.6 instead. C twin: matvec_c.
+// meet in a shuffle reduction. It works for every type, the simplest correct GPU mat-vec; the
+// engine runs the float types (F32, F16, BF16) here, whose inputs stay fp32 (6.4c streams their
+// rows faster when the rows are whole 16-byte vectors). Every quantized type has planes and takes
+// the kernels of 6.5 and 6.6. C twin: matvec_c.
 template <int TYPE>
 __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride bytes)
                                       size_t row_stride,
@@ -1772,9 +1782,10 @@ __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride
 }
 
 // --- 6.2 16-bit activations for the fast mat-vecs ------------------------------------------------
-// The four types that carry the bytes of real files (Q4_0, IQ4_XS, Q5_K, Q6_K) are multiplied with
-// integer dot products (dp4a: 4 int8 products summed into an int32 in one instruction, sm_61+).
-// Their input vector is carried as 16-bit integers with one fp32 scale per 32 values:
+// The quantized types (the fast types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K,
+// Q6_K) are multiplied with integer dot products (dp4a: 4 int8 products summed into an int32
+// in one instruction, sm_61+). Their input vector is carried as 16-bit integers with one fp32 scale
+// per 32 values:
 //
 //   x[i] ~= s * X[i],   s = amax / 32512,   X[i] = round(x[i] / s) in [-32512, 32512]
 //   X = 256*H + L with H = floor((X + 128) / 256) and L = X - 256*H, both int8
@@ -1859,9 +1870,10 @@ __device__ void quantize_block_warp(float v, XQ xq, int b, int nb) {
 }
 
 // --- 6.3 the planes: the fast types' weights laid out for 16-byte loads --------------------------
-// The file's blocks are 18, 136, 176 and 210 bytes long, which breaks 16-byte loads. At upload they
-// are rewritten (the same bytes per weight, nothing lost) as planes indexed by g, the number of a
-// 32-weight sub-block in the tensor (g = row * n_in/32 + k row by row), NB sub-blocks in all:
+// The file's blocks are 18 to 34, 136 to 210 bytes long, which breaks 16-byte loads. At
+// upload they are rewritten (the same bytes per weight, nothing lost) as planes indexed by g, the
+// number of a 32-weight sub-block in the tensor (g = row * n_in/32 + k row by row), NB sub-blocks
+// in all:
 //
 //   every type  qs plane (NB x 16 B): byte j = element j (low nibble) | element j+16 (high)
 //   Q4_0        d plane  (NB x fp16)
@@ -1874,6 +1886,8 @@ __device__ void quantize_block_warp(float v, XQ xq, int b, int nb) {
 //   Q6_K        qh plane (NB x 8 B): word w (0: elements 0..15, 1: 16..31), byte b, bits 2m..2m+1
 //               = high 2 bits of element 16w + 4m + b;  sc plane (NB/8 x 16 int8);
 //               d plane (NB/8 x fp16)
+//   Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K: planes of the same kinds, in 6.4b with the rest of
+//               their fast code.
 //
 // C twin: repack_c (the tests check repack_kernel, the IQ4_XS lookup and the step order with it).
 //
@@ -1938,30 +1952,61 @@ __host__ __device__ static inline int iq4_plane_ls(uint32_t lo, uint32_t hi, int
     return (int)(((uint64_t)hi << 32 | lo) >> (16 + 6 * sub)) & 63;
 }
 
-// The four types of real files' big matrices, which get planes and the fast mat-vecs.
+// The types that get planes and the fast mat-vecs: every quantized type this engine reads. The
+// float types (F32, F16, BF16) run on the simple mat-vec (6.1) with fp32 inputs.
 static int is_fast_type(int t) {
-    return t == GGML_TYPE_Q4_0 || t == GGML_TYPE_IQ4_XS || t == GGML_TYPE_Q5_K ||
-           t == GGML_TYPE_Q6_K;
+    switch (t) {
+    case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q8_0: case GGML_TYPE_IQ4_NL: case GGML_TYPE_IQ4_XS: case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: return 1;
+    default: return 0;
+    }
 }
+// The two fast types whose weights are decoded through the IQ4 table (iq4_lookup8).
+static int is_iq4_type(int t) { return t == GGML_TYPE_IQ4_NL || t == GGML_TYPE_IQ4_XS; }
 // LAUNCH(T) with T the fast type `type` as a compile-time constant (kernels are templated on it)
 #define FAST_TYPE_SWITCH(type, LAUNCH)                          \
     switch (type) {                                             \
     case GGML_TYPE_Q4_0: LAUNCH(GGML_TYPE_Q4_0); break;         \
+    case GGML_TYPE_Q4_1: LAUNCH(GGML_TYPE_Q4_1); break;         \
+    case GGML_TYPE_Q5_0: LAUNCH(GGML_TYPE_Q5_0); break;         \
+    case GGML_TYPE_Q5_1: LAUNCH(GGML_TYPE_Q5_1); break;         \
+    case GGML_TYPE_Q8_0: LAUNCH(GGML_TYPE_Q8_0); break;         \
+    case GGML_TYPE_IQ4_NL: LAUNCH(GGML_TYPE_IQ4_NL); break;     \
     case GGML_TYPE_IQ4_XS: LAUNCH(GGML_TYPE_IQ4_XS); break;     \
+    case GGML_TYPE_Q4_K: LAUNCH(GGML_TYPE_Q4_K); break;         \
     case GGML_TYPE_Q5_K: LAUNCH(GGML_TYPE_Q5_K); break;         \
     case GGML_TYPE_Q6_K: LAUNCH(GGML_TYPE_Q6_K); break;         \
     }
 
+// The qs plane entry (16 bytes) of sub-block `sub` of a Q4_K or Q5_K super-block: the file keeps
+// sub-blocks 2c and 2c+1 in the low and high nibbles of qs[32c .. 32c+31].
+__host__ __device__ static void k_nibble_plane(const uint8_t *qs /* (128) */, int sub,
+                                               uint8_t *dst /* (16) */) {
+    int c = sub / 2, shift = 4 * (sub % 2);
+    for (int j = 0; j < 16; j++) {
+        int lo = (qs[32 * c + j] >> shift) & 0xf, hi = (qs[32 * c + 16 + j] >> shift) & 0xf;
+        dst[j] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
+// The planes of Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL and Q4_K (6.4b): file block src into planes at
+// place blk.
+__host__ __device__ static void repack_more(int type, const uint8_t *src, uint8_t *dst, size_t blk,
+                                            size_t NB);
+
 // Repack file block `file_blk` of a tensor with NB sub-blocks, n_sub per row, into the planes at
-// dst, in the order so. A "block" is the file's block: 32 weights (Q4_0) or 256 (the others: 8
-// sub-blocks, which stay side by side in every order: rows are whole 32-sub-block chunks in step
-// order).
+// dst, in the order so. A "block" is the file's block: 32 weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// IQ4_NL) or 256 (the K-quants and IQ4_XS: 8 sub-blocks, which stay side by side in every order:
+// rows are whole 32-sub-block chunks in step order).
 __host__ __device__ static void repack_block(int type, const uint8_t *src /* one file block */,
                                              uint8_t *dst /* the tensor's planes, NB sub-blocks */,
                                              size_t file_blk, size_t NB, StepOrder so, int n_sub) {
-    size_t g0 = type == GGML_TYPE_Q4_0 ? file_blk : 8 * file_blk; // its first sub-block, row by row
+    int small = type != GGML_TYPE_IQ4_XS && type != GGML_TYPE_Q4_K && type != GGML_TYPE_Q5_K &&
+                type != GGML_TYPE_Q6_K;
+    size_t g0 = small ? file_blk : 8 * file_blk; // its first sub-block, row by row
     size_t blk = plane_g(so, (int)(g0 / n_sub), (int)(g0 % n_sub), n_sub);
-    if (type != GGML_TYPE_Q4_0) blk /= 8;                        // its place in the planes
+    if (!small) blk /= 8;                        // its place in the planes
     if (type == GGML_TYPE_Q4_0) {
         const block_q4_0 *b = (const block_q4_0 *)src;
         memcpy(dst + 16 * blk, b->qs, 16);
@@ -1980,13 +2025,8 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src /* one
         const block_q5_K *b = (const block_q5_K *)src;
         for (int sub = 0; sub < 8; sub++) {
             size_t g = 8 * blk + sub;
-            int c = sub / 2, shift = 4 * (sub % 2);
             uint32_t qh = 0;
-            for (int j = 0; j < 16; j++) {
-                int lo = (b->qs[32 * c + j] >> shift) & 0xf,
-                    hi = (b->qs[32 * c + 16 + j] >> shift) & 0xf;
-                dst[16 * g + j] = (uint8_t)(lo | (hi << 4));
-            }
+            k_nibble_plane(b->qs, sub, dst + 16 * g);
             for (int e = 0; e < 32; e++) qh |= (uint32_t)((b->qh[e] >> sub) & 1) << e;
             memcpy(dst + 16 * NB + 4 * g, &qh, 4);
         }
@@ -2012,6 +2052,8 @@ __host__ __device__ static void repack_block(int type, const uint8_t *src /* one
         }
         memcpy(dst + 24 * NB + 16 * blk, b->scales, 16);
         memcpy(dst + 26 * NB + 2 * blk, &b->d, 2);
+    } else {
+        repack_more(type, src, dst, blk, NB);
     }
 }
 
@@ -2313,6 +2355,281 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
     return b;
 }
 
+// --- 6.4b the other fast types: Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K ----------------------------
+// Speed: without this subsection these six types run the simple mat-vec (6.1) and the prefill's
+// fp16 copy of their rows, at a seventh of the bandwidth (test/PERF_NOTES.md,
+// "Fast types for the files people download"). It gives them planes and sub_load / sub_dot like
+// the four above, so every fast kernel runs them; their values are the same, dequant_unit's.
+// Planes (6.3's notation), the qs plane as the file's qs unless said:
+//   Q4_1        dm plane (NB x 4 B): d | m << 16 (fp16 each)
+//   Q5_0        qh plane (NB x 4 B): the file's qh, bit e = 5th bit of element e;
+//               d plane (NB x fp16)
+//   Q5_1        qh plane as Q5_0's; dm plane as Q4_1's, at 20 NB
+//   Q8_0        qs plane of NB x 32 B: the 32 int8 values as in the file; d plane (NB x fp16)
+//   IQ4_NL      qs plane as IQ4_XS's (iq4_plane_word); d plane (NB x fp16)
+//   Q4_K        qs plane as Q5_K's (k_nibble_plane); hdr plane (NB/8 x 16 B): d, dmin, scales[12]
+// C twin: repack_c (through repack_block), matvec_xq_c.
+__host__ __device__ static void repack_more(int type, const uint8_t *src, uint8_t *dst, size_t blk,
+                                            size_t NB) {
+    if (type == GGML_TYPE_Q4_1) {
+        const block_q4_1 *b = (const block_q4_1 *)src;
+        memcpy(dst + 16 * blk, b->qs, 16);
+        memcpy(dst + 16 * NB + 4 * blk, &b->d, 4); // d, m
+    } else if (type == GGML_TYPE_Q5_0) {
+        const block_q5_0 *b = (const block_q5_0 *)src;
+        memcpy(dst + 16 * blk, b->qs, 16);
+        memcpy(dst + 16 * NB + 4 * blk, b->qh, 4);
+        memcpy(dst + 20 * NB + 2 * blk, &b->d, 2);
+    } else if (type == GGML_TYPE_Q5_1) {
+        const block_q5_1 *b = (const block_q5_1 *)src;
+        memcpy(dst + 16 * blk, b->qs, 16);
+        memcpy(dst + 16 * NB + 4 * blk, b->qh, 4);
+        memcpy(dst + 20 * NB + 4 * blk, &b->d, 4); // d, m
+    } else if (type == GGML_TYPE_Q8_0) {
+        const block_q8_0 *b = (const block_q8_0 *)src;
+        memcpy(dst + 32 * blk, b->qs, 32);
+        memcpy(dst + 32 * NB + 2 * blk, &b->d, 2);
+    } else if (type == GGML_TYPE_IQ4_NL) {
+        const block_iq4_nl *b = (const block_iq4_nl *)src;
+        for (int k = 0; k < 4; k++) {
+            uint32_t w = iq4_plane_word(b->qs, k);
+            memcpy(dst + 16 * blk + 4 * k, &w, 4); // little-endian, host and GPU
+        }
+        memcpy(dst + 16 * NB + 2 * blk, &b->d, 2);
+    } else if (type == GGML_TYPE_Q4_K) {
+        const block_q4_K *b = (const block_q4_K *)src;
+        for (int sub = 0; sub < 8; sub++) k_nibble_plane(b->qs, sub, dst + 16 * (8 * blk + sub));
+        memcpy(dst + 16 * NB + 16 * blk, b, 16); // d, dmin, scales[12]
+    }
+}
+
+// Q4_1: w = d * q + m   ->   s * (d * sum q*X + m * sum X);  e = d | m << 16
+template <>
+__device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_1>(const uint8_t *W, unsigned g, size_t NB) {
+    WSub w;
+    w.q = ldw((const int4 *)W + g);
+    w.e = ldw((const int *)(W + 16 * NB) + g);
+    return w;
+}
+template <>
+__device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_1>(const WSub &w, int, const XBlock &x,
+                                                         const Iq4Lut &) {
+    const int *qw = (const int *)&w.q;
+    int lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) nibbles(qw[k], &lo[k], &hi[k]);
+    float2 dm = __half22float2(*(const __half2 *)&w.e);
+    return x.s * (dm.x * (float)dot_q_x(lo, hi, x) + dm.y * (float)x.sum);
+}
+// Q5_0 and Q5_1: the nibbles and the 5th bits (e) to 5-bit values, as Q5_K's sub_dot does
+__device__ __forceinline__ void q5_values(const int4 &q, int e, int *lo, int *hi) {
+    const int *qw = (const int *)&q;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        nibbles(qw[k], &lo[k], &hi[k]);
+        lo[k] |= spread4_bit4((e >> (4 * k)) & 0xf);
+        hi[k] |= spread4_bit4((e >> (16 + 4 * k)) & 0xf);
+    }
+}
+// Q5_0: w = d * (q5 - 16)   ->   d * s * (sum q5*X - 16 * sum X);  e = the 5th bits, h.x = d
+template <>
+__device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_0>(const uint8_t *W, unsigned g, size_t NB) {
+    WSub w;
+    w.q = ldw((const int4 *)W + g);
+    w.e = ldw((const int *)(W + 16 * NB) + g);
+    w.h.x = ldw((const unsigned short *)(W + 20 * NB) + g);
+    return w;
+}
+template <>
+__device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_0>(const WSub &w, int, const XBlock &x,
+                                                         const Iq4Lut &) {
+    int lo[4], hi[4];
+    q5_values(w.q, w.e, lo, hi);
+    float d = fp16_to_f32((uint16_t)w.h.x);
+    return d * x.s * (float)(dot_q_x(lo, hi, x) - 16 * x.sum);
+}
+// Q5_1: w = d * q5 + m   ->   s * (d * sum q5*X + m * sum X);  e = the 5th bits, h.x = d | m << 16
+template <>
+__device__ __forceinline__ WSub sub_load<GGML_TYPE_Q5_1>(const uint8_t *W, unsigned g, size_t NB) {
+    WSub w;
+    w.q = ldw((const int4 *)W + g);
+    w.e = ldw((const int *)(W + 16 * NB) + g);
+    w.h.x = ldw((const int *)(W + 20 * NB) + g);
+    return w;
+}
+template <>
+__device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_1>(const WSub &w, int, const XBlock &x,
+                                                         const Iq4Lut &) {
+    int lo[4], hi[4];
+    q5_values(w.q, w.e, lo, hi);
+    float2 dm = __half22float2(*(const __half2 *)&w.h.x);
+    return x.s * (dm.x * (float)dot_q_x(lo, hi, x) + dm.y * (float)x.sum);
+}
+// Q8_0: w = d * q   ->   d * s * sum q*X: the plane's bytes are already the int8 lanes.
+// q = elements 0..15, h = 16..31, e = d
+template <>
+__device__ __forceinline__ WSub sub_load<GGML_TYPE_Q8_0>(const uint8_t *W, unsigned g, size_t NB) {
+    WSub w;
+    w.q = ldw((const int4 *)W + 2 * (size_t)g);
+    w.h = ldw((const int4 *)W + 2 * (size_t)g + 1);
+    w.e = ldw((const unsigned short *)(W + 32 * NB) + g); // d
+    return w;
+}
+template <>
+__device__ __forceinline__ float sub_dot<GGML_TYPE_Q8_0>(const WSub &w, int, const XBlock &x,
+                                                         const Iq4Lut &) {
+    float d = fp16_to_f32((uint16_t)w.e);
+    return d * x.s * (float)dot_q_x((const int *)&w.q, (const int *)&w.h, x);
+}
+// IQ4_NL: w = d * kvalues[q]   ->   d * s * sum kvalues[q]*X, the values by iq4_lookup8; e = d
+template <>
+__device__ __forceinline__ WSub sub_load<GGML_TYPE_IQ4_NL>(const uint8_t *W, unsigned g,
+                                                           size_t NB) {
+    WSub w;
+    w.q = ldw((const int4 *)W + g);
+    w.e = ldw((const unsigned short *)(W + 16 * NB) + g); // d
+    return w;
+}
+template <>
+__device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_NL>(const WSub &w, int, const XBlock &x,
+                                                           const Iq4Lut &lut) {
+    float d = fp16_to_f32((uint16_t)w.e);
+    const int *qw = (const int *)&w.q;
+    int lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) iq4_lookup8(qw[k], lut.a0, lut.d0, &lo[k], &hi[k]);
+    return d * x.s * (float)dot_q_x(lo, hi, x);
+}
+// Q4_K: Q5_K without the 5th bit.   w = d * sc * q - dmin * m
+//   ->   s * (d * sc * sum q*X - dmin * m * sum X);   h = the super-block header, as Q5_K's
+template <>
+__device__ __forceinline__ WSub sub_load<GGML_TYPE_Q4_K>(const uint8_t *W, unsigned g, size_t NB) {
+    WSub w;
+    w.q = ldw((const int4 *)W + g);
+    w.h = ldw((const int4 *)(W + 16 * NB) + g / 8);
+    return w;
+}
+template <>
+__device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_K>(const WSub &w, int sub, const XBlock &x,
+                                                         const Iq4Lut &) {
+    int scale, mn;
+    k_scale_min_words(sub, w.h.y, w.h.z, w.h.w, &scale, &mn);
+    const int *qw = (const int *)&w.q;
+    int lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) nibbles(qw[k], &lo[k], &hi[k]);
+    float2 f = __half22float2(*(const __half2 *)&w.h.x);
+    return x.s * (f.x * scale * (float)dot_q_x(lo, hi, x) - f.y * mn * (float)x.sum);
+}
+
+// FAST_TYPE_SWITCH for the four types of 6.4 only. The kernels that take a mix of types switch on
+// each matrix's type inside; they are built for these four (MIX_FOUR) and for all the fast types
+// (MIX_ALL), and a launch whose types are among the four takes the first: a switch's code grows
+// with its cases, and its registers are those of its most demanding case.
+#define FOUR_TYPE_SWITCH(type, LAUNCH)                          \
+    switch (type) {                                             \
+    case GGML_TYPE_Q4_0: LAUNCH(GGML_TYPE_Q4_0); break;         \
+    case GGML_TYPE_IQ4_XS: LAUNCH(GGML_TYPE_IQ4_XS); break;     \
+    case GGML_TYPE_Q5_K: LAUNCH(GGML_TYPE_Q5_K); break;         \
+    case GGML_TYPE_Q6_K: LAUNCH(GGML_TYPE_Q6_K); break;         \
+    }
+enum { MIX_FOUR = -1, MIX_ALL = -2 };
+// MIX_FOUR when every type of types[0..n) is one of the four, else MIX_ALL
+static int mix_kind(const int *types, int n) {
+    for (int i = 0; i < n; i++)
+        if (types[i] != GGML_TYPE_Q4_0 && types[i] != GGML_TYPE_IQ4_XS &&
+            types[i] != GGML_TYPE_Q5_K && types[i] != GGML_TYPE_Q6_K)
+            return MIX_ALL;
+    return MIX_FOUR;
+}
+
+// --- 6.4c float weights in 16-byte loads --------------------------------------------------------
+// Speed: F32, F16 and BF16 weights (the exact reference files) keep fp32 inputs and the file's
+// layout; on the simple mat-vec (6.1) each lane reads its own 32-weight unit, 64 or 128 bytes from
+// its neighbour's, element by element. Here the 32 lanes of a warp read 16-byte vectors side by
+// side (512 contiguous bytes a load) for FLOAT_ROWS rows at once, so that every x vector a lane
+// loads serves those rows (test/PERF_NOTES.md, "Fast types for the files people download").
+// Rows whose length is not a multiple of a vector stay on 6.1. C twin: matvec_c.
+#define FLOAT_ROWS 2 // rows per warp
+
+// The 16-byte vector v of a float row as fp32: 4 (F32) or 8 (F16, BF16) values into w.
+template <int TYPE> __device__ __forceinline__ void float_vec(const int4 &v, float *w) {
+    const uint32_t *u = (const uint32_t *)&v;
+    if (TYPE == GGML_TYPE_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = __uint_as_float(u[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            w[2 * i] = TYPE == GGML_TYPE_F16 ? fp16_to_f32((uint16_t)u[i]) : bf16_to_f32(u[i]);
+            w[2 * i + 1] = TYPE == GGML_TYPE_F16 ? fp16_to_f32((uint16_t)(u[i] >> 16))
+                                                 : bf16_to_f32((uint16_t)(u[i] >> 16));
+        }
+    }
+}
+
+// y[r] = W[r,:] . x (+ bias[r]) (+ y[r]), FLOAT_ROWS rows per warp. C twin: matvec_c.
+template <int TYPE>
+__global__ void matvec_float_kernel(const uint8_t *W,  // (n_out, n_in) of TYPE
+                                    const float *x,    // (n_in)
+                                    const float *bias, // (n_out) or NULL
+                                    float *y,          // (n_out)
+                                    int n_in, int n_out, int accumulate) {
+    const int V = TYPE == GGML_TYPE_F32 ? 4 : 8;               // values per 16-byte vector
+    const size_t esize = TYPE == GGML_TYPE_F32 ? 4 : 2;        // bytes per value
+    int warp = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / WARP);
+    int lane = threadIdx.x % WARP, row0 = warp * FLOAT_ROWS;
+    if (row0 >= n_out) return;
+    float acc[FLOAT_ROWS];
+#pragma unroll
+    for (int r = 0; r < FLOAT_ROWS; r++) acc[r] = 0.0f;
+    for (int i = V * lane; i < n_in; i += V * WARP) {
+        int4 v[FLOAT_ROWS]; // all the rows' loads first; rows past the end read the last row
+#pragma unroll
+        for (int r = 0; r < FLOAT_ROWS; r++)
+            v[r] = ldw((const int4 *)(W + ((size_t)min(row0 + r, n_out - 1) * n_in + i) * esize));
+        float xv[V];
+#pragma unroll
+        for (int k = 0; k < V; k += 4) *(float4 *)(xv + k) = *(const float4 *)(x + i + k);
+#pragma unroll
+        for (int r = 0; r < FLOAT_ROWS; r++) {
+            float w[V];
+            float_vec<TYPE>(v[r], w);
+#pragma unroll
+            for (int k = 0; k < V; k++) acc[r] = fmaf(w[k], xv[k], acc[r]);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < FLOAT_ROWS; r++) {
+        float t = warp_sum(acc[r]);
+        if (lane == 0 && row0 + r < n_out) {
+            if (bias) t += bias[row0 + r];
+            y[row0 + r] = accumulate ? y[row0 + r] + t : t;
+        }
+    }
+}
+
+// W x on matvec_float_kernel when W is a float type and its rows are whole 16-byte vectors;
+// returns 0, launching nothing, when not.
+static int matvec_float(const Tensor *W, const float *x /* (n_in) */, const float *bias,
+                        float *y /* (n_out) */, int accumulate, cudaStream_t st) {
+    const uint8_t *w = (const uint8_t *)W->dev;
+    int n_in = (int)W->n_in, n_out = (int)W->n_out;
+    if (!is_float_weight(W->type) || n_in % (W->type == GGML_TYPE_F32 ? 4 : 8)) return 0;
+    unsigned blocks = (unsigned)((n_out + 8 * FLOAT_ROWS - 1) / (8 * FLOAT_ROWS)); // 8 warps each
+    if (W->type == GGML_TYPE_F32)
+        matvec_float_kernel<GGML_TYPE_F32><<<blocks, 256, 0, st>>>(w, x, bias, y, n_in, n_out,
+                                                                   accumulate);
+    else if (W->type == GGML_TYPE_F16)
+        matvec_float_kernel<GGML_TYPE_F16><<<blocks, 256, 0, st>>>(w, x, bias, y, n_in, n_out,
+                                                                   accumulate);
+    else
+        matvec_float_kernel<GGML_TYPE_BF16><<<blocks, 256, 0, st>>>(w, x, bias, y, n_in, n_out,
+                                                                    accumulate);
+    KERNEL_CHECK();
+    return 1;
+}
+
 // --- 6.5 the per-block mat-vec -------------------------------------------------------------------
 // y[r] = W[r,:] . x (+ bias[r]) (+ y[r]) for the fast types. A block owns R consecutive rows and
 // all its threads walk the rows' sub-blocks together (thread t takes sub-blocks t, t + T, ...), so
@@ -2397,15 +2714,20 @@ typedef struct {
     int n;
 } MatVecBatch;
 
+// MIX: MIX_FOUR or MIX_ALL, the types it switches over (FOUR_TYPE_SWITCH says why two). MIX_ALL
+// asks for two blocks of 256 threads per SM (128 registers a thread): without that bound ptxas
+// (CUDA 11.8, sm_70) gives its switch 165 registers, and one block an SM. (0: no such bound.)
 // C twin: matvec_xq_c per matrix.
-__global__ void __launch_bounds__(FAST_MAX_THREADS)
+template <int MIX>
+__global__ void __launch_bounds__(FAST_MAX_THREADS, MIX == MIX_ALL ? 2 : 0)
 matvec_fast_batch_kernel(MatVecBatch b, XQ xq, int n_sub) {
     int m = 0;
     while (m + 1 < b.n && (int)blockIdx.x >= b.first_block[m + 1]) m++;
     int row0 = ((int)blockIdx.x - b.first_block[m]) * FAST_ROWS;
 #define ROWS(T)                                                                                    \
     fast_rows<T, FAST_ROWS, true>(b.w[m], xq, b.bias[m], b.y[m], n_sub, b.n_out[m], row0, 0)
-    FAST_TYPE_SWITCH(b.type[m], ROWS)
+    if (MIX == MIX_FOUR) FOUR_TYPE_SWITCH(b.type[m], ROWS)
+    else FAST_TYPE_SWITCH(b.type[m], ROWS)
 #undef ROWS
 }
 
@@ -2426,11 +2748,12 @@ static void matvec_blocks(const Tensor *W, const XQ &xq /* (n_in / 32) blocks */
         die("mat-vec '%s': planes in step order, but the launch does not stream", W->name);
     // Rows longer than one pass of the block (the FFN down projections) take half the rows per
     // block, all loads first: twice the blocks, since each one walks its rows pass after pass.
-    // So do Q4_0's one-pass rows: their arithmetic is short, so the loads are what a block
-    // waits on. The other types' one-pass rows take FAST_ROWS, no barrier.
+    // So do the one-pass rows of Q4_0, Q4_1 and Q8_0: their arithmetic is short, so the loads are
+    // what a block waits on. The other types' one-pass rows take FAST_ROWS, no barrier.
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
     int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
-    int half = long_rows || W->type == GGML_TYPE_Q4_0;
+    int half = long_rows || W->type == GGML_TYPE_Q4_0 || W->type == GGML_TYPE_Q4_1 ||
+               W->type == GGML_TYPE_Q8_0;
     int R = half ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
 #define FAST(T)                                                                                    \
     if (half)                                                                                      \
@@ -2460,8 +2783,11 @@ static void matvec_blocks_batch(int n, const Tensor *const *W, const float *cons
         b.n_out[i] = (int)W[i]->n_out;
         b.first_block[i + 1] = b.first_block[i] + (b.n_out[i] + FAST_ROWS - 1) / FAST_ROWS;
     }
-    int n_sub = (int)W[0]->n_in / 32;
-    matvec_fast_batch_kernel<<<b.first_block[n], fast_threads(n_sub), 0, st>>>(b, xq, n_sub);
+    int n_sub = (int)W[0]->n_in / 32, blocks = b.first_block[n], threads = fast_threads(n_sub);
+    if (mix_kind(b.type, n) == MIX_FOUR)
+        matvec_fast_batch_kernel<MIX_FOUR><<<blocks, threads, 0, st>>>(b, xq, n_sub);
+    else
+        matvec_fast_batch_kernel<MIX_ALL><<<blocks, threads, 0, st>>>(b, xq, n_sub);
     KERNEL_CHECK();
 }
 
@@ -2672,8 +2998,8 @@ __device__ void mv_run(const MvPlan &p, int m, const XQ &xq, int n_sub, int c0, 
 }
 
 // One kernel per type when all the matrices of a launch have one type (TYPE >= 0; gate/up, the
-// output matrix): each gets a register allocation of its own. TYPE = -1: any mix of the fast types.
-// C twin: matvec_xq_c per matrix.
+// output matrix): each gets a register allocation of its own. TYPE = MIX_FOUR or MIX_ALL: a mix
+// (FOUR_TYPE_SWITCH). C twin: matvec_xq_c per matrix.
 template <int TYPE, bool STEP, int THREADS>
 __global__ void __launch_bounds__(THREADS, THREADS >= MV_SM_THREADS ? 1 : MV_SM_THREADS / THREADS)
 matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
@@ -2684,6 +3010,7 @@ matvec_stream_kernel(const __grid_constant__ MvPlan p, XQ xq, int n_sub) {
         if (s >= e) continue;
 #define RUN(T) mv_run<T, STEP>(p, m, xq, n_sub, s - p.first_unit[m], e - p.first_unit[m], warp)
         if (TYPE >= 0) RUN(TYPE >= 0 ? TYPE : 0);
+        else if (TYPE == MIX_FOUR) FOUR_TYPE_SWITCH(p.type[m], RUN)
         else FAST_TYPE_SWITCH(p.type[m], RUN)
 #undef RUN
     }
@@ -2712,7 +3039,7 @@ static void mv_plan_add(MvPlan *p, const Tensor *W, const float *bias, float *y)
 // upw consecutive units; at step k of the launch, warp w reads the k-th unit of its run. Row by
 // row, the units read at one step lie upw units apart, one place per warp, spread over the whole
 // matrix; DRAM streams them faster when they lie side by side. So the matrices of the streaming
-// launches without IQ4_XS (step_order_group says why not IQ4_XS) are stored with their units in the
+// launches without an IQ4 type (step_order_group says why not) are stored with their units in the
 // order (step k, warp w), each unit's MV_ROWS rows of 32 sub-blocks together: g = (slot * MV_ROWS +
 // r) * 32 + l for row r of the unit, sub-block l of its chunk. Only matrices whose rows are whole
 // chunks and whose row count is a multiple of MV_ROWS are stored so. The rest of the layout is
@@ -2740,14 +3067,14 @@ __host__ __device__ static inline unsigned so_slot(StepOrder so, int c) {
 }
 
 // The block shape (mv_threads): one block per SM of 640 threads (20 warps, 96 registers each) for
-// the launches of one type, IQ4_XS, or Q4_0 or Q6_K in step order (gate/up, the output matrix, the
-// Q4_0 files' other streamed launches); one of 512 (16 warps, 128 registers) for row-by-row
-// launches that mix IQ4_XS with another type, whose kernel spills registers at 640; two blocks of
-// 256 for the rest (mixed launches in step order among them). One block, because an SM's warp
-// schedulers favour the older of two resident blocks: the second block of each SM ends its equal
-// run late, and every launch would end with one block per SM working alone. 640 threads, because
-// the loop is held by memory latency and by the IQ4_XS lookup's arithmetic in turn, and four more
-// warps per SM hide more of both (768 threads spill).
+// the launches of one type, IQ4_XS or IQ4_NL, or any other but Q5_K in step order (gate/up,
+// the output matrix, the Q4_0 files' other streamed launches); one of 512 (16 warps, 128 registers)
+// for row-by-row launches that mix an IQ4 type with another, whose kernel spills registers at 640;
+// two blocks of 256 for the rest (Q5_K alone, mixed launches in step order). One block, because an
+// SM's warp schedulers favour the older of two resident blocks: the second block of each SM ends
+// its equal run late, and every launch would end with one block per SM working alone. 640 threads,
+// because the loop is held by memory latency and by the IQ4_XS lookup's arithmetic in turn, and
+// four more warps per SM hide more of both (768 threads spill).
 
 // Warps of matvec_stream_kernel the GPU holds at once at 16 per SM (asked once; the shapes of 512
 // and 2 x 256 threads); mv_plan_runs scales it for the 640-thread shape.
@@ -2758,7 +3085,7 @@ static int mv_grid_warps(void) {
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev));
         CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, matvec_stream_kernel<-1, false, 512>, 512, 0));
+            &per_sm, matvec_stream_kernel<MIX_FOUR, false, 512>, 512, 0));
         warps = n_sm * (per_sm > 0 ? per_sm : 1) * (512 / WARP);
         if (warps > MV_MAX_WARPS) warps = MV_MAX_WARPS;
     }
@@ -2766,28 +3093,28 @@ static int mv_grid_warps(void) {
 }
 
 // The launch's block shape (the block-shape paragraph above mv_grid_warps): one block of
-// MV_ONE_BLOCK threads per SM for launches of one type, Q4_0 or Q6_K in step order or IQ4_XS; one
-// of 512 for launches that mix IQ4_XS with another type row by row (at 640 threads their kernel
-// spills registers, as does Q5_K's in step order on sm_70); two blocks of 256 for the rest (Q5_K
-// alone, row-by-row launches without IQ4_XS, every mixed launch in step order: small shapes, other
-// files). matvec_stream launches only the kernel whose block shape this says: a plan of one shape
-// run with the other's block would cover a different set of units.
+// MV_ONE_BLOCK threads per SM for launches of one type, any but Q5_K in step order or an IQ4
+// type; one of 512 for launches that mix an IQ4 type with another row by row (at 640 threads
+// their kernel spills registers, as does Q5_K's in step order on sm_70); two blocks of 256 for the
+// rest (Q5_K alone, row-by-row launches without an IQ4 type, every mixed launch in step order:
+// small shapes, other files). matvec_stream launches only the kernel whose block shape this says: a
+// plan of one shape run with the other's block would cover a different set of units.
 #define MV_ONE_BLOCK 640 // 20 warps at 96 registers (ptxas, sm_70 and sm_90: no spills for these)
-// The type of all the plan's matrices, or -1 when they mix types.
+// The type of all the plan's matrices, or MIX_FOUR / MIX_ALL when they mix types (mix_kind).
 static int mv_plan_type(const MvPlan *p) {
     for (int m = 1; m < p->n; m++)
-        if (p->type[m] != p->type[0]) return -1;
+        if (p->type[m] != p->type[0]) return mix_kind(p->type, p->n);
     return p->type[0];
 }
 static int mv_threads(const MvPlan *p, int step) {
     int t = mv_plan_type(p);
     if (t < 0) { // mixed types: a 512-thread kernel row by row, 256 in step order
         for (int m = 0; m < p->n && !step; m++)
-            if (p->type[m] == GGML_TYPE_IQ4_XS) return 512;
+            if (is_iq4_type(p->type[m])) return 512;
         return 256;
     }
-    if (t == GGML_TYPE_IQ4_XS) return MV_ONE_BLOCK;
-    return step && (t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q6_K) ? MV_ONE_BLOCK : 256;
+    if (is_iq4_type(t)) return MV_ONE_BLOCK;
+    return step && t != GGML_TYPE_Q5_K ? MV_ONE_BLOCK : 256;
 }
 // The plan's run length: the stream of units cut into equal runs over the grid's warps (step: its
 // matrices are, or are to be, in step order).
@@ -2823,19 +3150,23 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
     else if (threads == MV_ONE_BLOCK) STREAM(T, false, MV_ONE_BLOCK);   \
     else if (step) STREAM(T, true, 256);                                \
     else STREAM(T, false, 256)
+#define MIXED(MIX)                                                          \
+    if (step) STREAM(MIX, true, 256);                                    \
+    else if (threads == 512) STREAM(MIX, false, 512);                    \
+    else STREAM(MIX, false, 256)
     if (type >= 0) FAST_TYPE_SWITCH(type, ONE_TYPE)
-    else if (step) STREAM(-1, true, 256);
-    else if (threads == 512) STREAM(-1, false, 512);
-    else STREAM(-1, false, 256);
+    else if (type == MIX_FOUR) { MIXED(MIX_FOUR); }
+    else { MIXED(MIX_ALL); }
+#undef MIXED
 #undef ONE_TYPE
 #undef STREAM
     KERNEL_CHECK();
 }
 
 // --- 6.8 matvec(): which kernel a launch takes ---------------------------------------------------
-// The entry points of every mat-vec, matvec() and matvec_batch(): the simple kernel (6.1) for
-// weights in the file's layout; for weights in planes the per-block kernel (6.5), or the streaming
-// one (6.6) where mv_use_stream says so.
+// The entry points of every mat-vec, matvec() and matvec_batch(): for float weights (the file's
+// layout) the simple kernel (6.1) or its streamed form (6.4c); for weights in planes the per-block
+// kernel (6.5), or the streaming one (6.6) where mv_use_stream says so.
 
 // Speed: the choice between the two fast kernels, per launch (test/PERF_NOTES.md,
 // "Mat-vec (section 6)"). Both fast kernels exist because each is the faster one for part of a
@@ -2854,7 +3185,7 @@ static int mv_use_stream(const MvPlan *p, int n_in) {
 }
 
 // y = W x (+ bias) (+ y when accumulate): a fast kernel (16-bit x) for weights in planes, the
-// simple one (fp32 x) for the rest.
+// simple one (fp32 x) for the float types.
 static void matvec(const Tensor *W, const Act *in, float *y /* (n_out) */,
                    const float *bias /* (n_out) or NULL */, int accumulate, cudaStream_t st) {
     const uint8_t *w = (const uint8_t *)W->dev;
@@ -2872,21 +3203,19 @@ static void matvec(const Tensor *W, const Act *in, float *y /* (n_out) */,
         matvec_blocks(W, in->q, y, bias, accumulate, st);
         return;
     }
+    const float *x = in->f;
+    if (matvec_float(W, x, bias, y, accumulate, st)) return; // float rows, when 6.4c takes them
     const int rows_per_block = 4;
     dim3 grid((unsigned)((n_out + rows_per_block - 1) / rows_per_block));
     dim3 block(rows_per_block * WARP);
     size_t stride = row_bytes(W->type, W->n_in);
-    const float *x = in->f;
     switch (W->type) {
 #define CASE(T)                                                                                    \
     case T:                                                                                        \
         matvec_generic_kernel<T><<<grid, block, 0, st>>>(w, stride, x, bias, y, n_in, n_out,      \
                                                          accumulate);                              \
         break
-    CASE(GGML_TYPE_F32); CASE(GGML_TYPE_F16); CASE(GGML_TYPE_BF16); CASE(GGML_TYPE_Q4_0);
-    CASE(GGML_TYPE_Q4_1); CASE(GGML_TYPE_Q5_0); CASE(GGML_TYPE_Q5_1); CASE(GGML_TYPE_Q8_0);
-    CASE(GGML_TYPE_IQ4_NL); CASE(GGML_TYPE_IQ4_XS); CASE(GGML_TYPE_Q4_K); CASE(GGML_TYPE_Q5_K);
-    CASE(GGML_TYPE_Q6_K);
+    CASE(GGML_TYPE_F32); CASE(GGML_TYPE_F16); CASE(GGML_TYPE_BF16);
 #undef CASE
     default: die("no GPU mat-vec for type %s (tensor '%s')", type_name(W->type), W->name);
     }
@@ -3994,7 +4323,7 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h 
 // which is compute-bound for T in the hundreds. The products run on the tensor cores through WMMA
 // (16x16x16 fp16 tiles, fp32 accumulation: the sm_70 instruction set, and the same PTX runs on
 // every later GPU). The weights are dequantized to fp16 inside the product, tile by tile, straight
-// from the repacked planes; other quantized types go through an fp16 copy of a slice of rows first.
+// from the repacked planes (every quantized type has them).
 // Everything around the products (norms, RoPE, attention, the DeltaNet recurrence) works on all T
 // rows in one launch.
 //
@@ -4034,11 +4363,10 @@ __host__ __device__ static float row_scale(float amax) {
 // The 32 weights of unit u of a weight row as fp16 (the C twin: mm_weight_row), in two steps so
 // that the product can have the loads of the next tile in flight while it multiplies the current
 // one:
-//   w_load<TYPE>(W, row, u, g, n_in, NB) -> WRaw   the unit's bytes: 16 of quants, the scales
-//   w_decode<TYPE>(raw, out)                        32 fp16 weights
-// GGML_TYPE_F16 reads fp16 rows (the fp16 copy of a weight without planes: 64 bytes, unit u of
-// row `row`); the fast types read their planes (layout in 6.3) at sub-block g, the plane
-// index of (row, u): row * n_sub + u, or its step-order slot (plane_g).
+//   w_load<TYPE>(W, g, NB) -> WRaw   the unit's bytes: 16 of quants, the scales
+//   w_decode<TYPE>(raw, out)          32 fp16 weights
+// from the planes (layout in 6.3) at sub-block g, the plane index of (row, u): row * n_sub + u, or
+// its step-order slot (plane_g).
 //
 // The decode works on pairs of fp16 (half2), with no int -> float conversion: a small integer c
 // (0..255) becomes an fp16 by writing it under the exponent of 1024, whose ulp is 1,
@@ -4046,17 +4374,20 @@ __host__ __device__ static float row_scale(float amax) {
 // and one byte permute builds two of them from two bytes of quants. The weight is then one fp16
 // multiply by the sub-block scale rounded to fp16: one rounding, as in the twin.
 //   Q4_0:   c = q,          w = (c - 8) * d          (d is fp16 already: the exact value)
+//   Q5_0:   c = q (5 bits), w = (c - 16) * d
+//   Q8_0:   c = q + 128,    w = (c - 128) * d
+//   IQ4_NL: c = kvalue + 128, w = (c - 128) * d
 //   IQ4_XS: c = kvalue + 128, w = (c - 128) * fp16(d * (ls - 32))
 //   Q6_K:   c = q (6 bits), w = (c - 32) * fp16(d * sc)
-// Q5_K stays in fp32 (the same trick under the exponent of 2^23, then w = q * d*sc - dmin*m in one
-// fma and one rounding to fp16): its min term is shared by the sub-block's 32 weights, and rounding
-// it to fp16 first multiplies the error (test/PERF_NOTES.md, "Design record").
+// Q4_1, Q5_1, Q4_K and Q5_K stay in fp32 (the same trick under the exponent of 2^23, then w = q * d
+// + m, or q * d*sc - dmin*m, in one fma and one rounding to fp16): their min term is shared by the
+// sub-block's 32 weights, and rounding it to fp16 first multiplies the error (test/PERF_NOTES.md,
+// "Design record").
 
-typedef struct { uint4 q, e, f, g; } WRaw; // q: quants (F16: all four are values), e: scales
+typedef struct { uint4 q, e, f; } WRaw; // q: quants (Q8_0: and f), e: scales
 
 template <int TYPE>
-__device__ WRaw w_load(const uint8_t *W /* planes (NB sub-blocks) or fp16 rows */, int row, int u,
-                       size_t g, int n_in, size_t NB);
+__device__ WRaw w_load(const uint8_t *W /* planes (NB sub-blocks) */, size_t g, size_t NB);
 template <int TYPE> __device__ void w_decode(const WRaw &r, __half *out);
 
 // Bytes 0, 1 (sel 0x5140) or 2, 3 (sel 0x5342) of c as the fp16 pair 1024 + c, minus 1024 + o.
@@ -4075,21 +4406,9 @@ __device__ __forceinline__ void put8(__half *out, int k, uint32_t lo, uint32_t h
     o[8 + 2 * k + 1] = __hmul2(small_ints_h2(hi, 0x5342, off), sc_hi);
 }
 
-template <>
-__device__ __forceinline__ WRaw w_load<GGML_TYPE_F16>(const uint8_t *W, int row, int u, size_t,
-                                                      int n_in, size_t) {
-    const uint4 *src = (const uint4 *)((const __half *)W + (size_t)row * n_in + 32 * u);
-    return WRaw{src[0], src[1], src[2], src[3]};
-}
-template <> __device__ __forceinline__ void w_decode<GGML_TYPE_F16>(const WRaw &r, __half *out) {
-    uint4 *o = (uint4 *)out;
-    o[0] = r.q; o[1] = r.e; o[2] = r.f; o[3] = r.g;
-}
-
 // Q4_0: e.x = d. Word k of q: low nibbles = elements 4k..4k+3, high nibbles = 16+4k..
 template <>
-__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_0>(const uint8_t *W, int, int, size_t g, int,
-                                                       size_t NB) {
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_0>(const uint8_t *W, size_t g, size_t NB) {
     WRaw r;
     r.q = __ldg((const uint4 *)W + g);
     r.e.x = __ldg((const uint16_t *)(W + 16 * NB) + g);
@@ -4107,10 +4426,46 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_0>(const WRaw 
     }
 }
 
+// Q8_0: q = elements 0..15, f = 16..31 (int8), e.x = d
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q8_0>(const uint8_t *W, size_t g, size_t NB) {
+    WRaw r;
+    r.q = __ldg((const uint4 *)W + 2 * g);
+    r.f = __ldg((const uint4 *)W + 2 * g + 1);
+    r.e.x = __ldg((const uint16_t *)(W + 32 * NB) + g);
+    return r;
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q8_0>(const WRaw &r, __half *out) {
+    __half2 d = __half2half2(__ushort_as_half((unsigned short)r.e.x)),
+            off = __float2half2_rn(1024.0f + 128.0f);
+    const uint32_t *lo = (const uint32_t *)&r.q, *hi = (const uint32_t *)&r.f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) put8(out, k, lo[k] ^ 0x80808080u, hi[k] ^ 0x80808080u, off, d, d);
+}
+
+// IQ4_NL: e.x = d; q as IQ4_XS's
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_NL>(const uint8_t *W, size_t g, size_t NB) {
+    WRaw r;
+    r.q = __ldg((const uint4 *)W + g);
+    r.e.x = __ldg((const uint16_t *)(W + 16 * NB) + g);
+    return r;
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_IQ4_NL>(const WRaw &r, __half *out) {
+    __half2 d = __half2half2(__ushort_as_half((unsigned short)r.e.x)),
+            off = __float2half2_rn(1024.0f + 128.0f);
+    const int *qw = (const int *)&r.q;
+#pragma unroll
+    for (int k = 0; k < 4; k++) { // the table lookup in registers (iq4_lookup8, 6.4), then + 128
+        int lo, hi;
+        iq4_lookup8(qw[k], &lo, &hi);
+        put8(out, k, (uint32_t)lo ^ 0x80808080u, (uint32_t)hi ^ 0x80808080u, off, d, d);
+    }
+}
+
 // IQ4_XS: e.x, e.y = the super-block's header entry (d, 8 scales), e.z = the sub-block (0..7)
 template <>
-__device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, int, int, size_t g, int,
-                                                         size_t NB) {
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_IQ4_XS>(const uint8_t *W, size_t g, size_t NB) {
     // the super-block's 8 header bytes at once
     uint2 hdr = __ldg((const uint2 *)(W + 16 * NB) + g / 8);
     WRaw r;
@@ -4133,10 +4488,105 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_IQ4_XS>(const WRa
     }
 }
 
+// A K-quant sub-block's 32 weights from its values q (lo: elements 4k..4k+3 in word k, hi:
+// 16+4k..16+4k+3), dsc = d * sc and dmm = dmin * m: fp32, byte b under the exponent of 2^23 (ulp
+// 1), then one fma and one rounding to fp16.
+__device__ __forceinline__ void k_weights_f16(const int *lo, const int *hi, float dsc, float dmm,
+                                              __half *out) {
+    __half2 *o = (__half2 *)out;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float w[8];
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            float ql = __uint_as_float((uint32_t)prmt(lo[k], 0x4b000000, 0x7540 + b)) - 8388608.0f;
+            float qh = __uint_as_float((uint32_t)prmt(hi[k], 0x4b000000, 0x7540 + b)) - 8388608.0f;
+            w[b] = fmaf(ql, dsc, -dmm);
+            w[4 + b] = fmaf(qh, dsc, -dmm);
+        }
+        o[2 * k] = __floats2half2_rn(w[0], w[1]);
+        o[2 * k + 1] = __floats2half2_rn(w[2], w[3]);
+        o[8 + 2 * k] = __floats2half2_rn(w[4], w[5]);
+        o[8 + 2 * k + 1] = __floats2half2_rn(w[6], w[7]);
+    }
+}
+
+// Q4_K: e.y = d * sc, e.z = dmin * m (fp32 bits, exact)
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_K>(const uint8_t *W, size_t g, size_t NB) {
+    uint4 h = __ldg((const uint4 *)(W + 16 * NB + 16 * (g / 8))); // d, dmin, scales[12]
+    int sc, m;
+    k_scale_min_words((int)(g % 8), h.y, h.z, h.w, &sc, &m);
+    WRaw r;
+    r.q = __ldg((const uint4 *)W + g);
+    r.e = make_uint4(0, __float_as_uint(fp16_to_f32((uint16_t)h.x) * sc),
+                     __float_as_uint(fp16_to_f32((uint16_t)(h.x >> 16)) * m), 0);
+    return r;
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_K>(const WRaw &r, __half *out) {
+    const int *qw = (const int *)&r.q;
+    int lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) nibbles(qw[k], &lo[k], &hi[k]);
+    k_weights_f16(lo, hi, __uint_as_float(r.e.y), __uint_as_float(r.e.z), out);
+}
+
+// Q4_1: e.y = d, e.z = -m (fp32 bits, exact)
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_1>(const uint8_t *W, size_t g, size_t NB) {
+    uint32_t dm = __ldg((const uint32_t *)(W + 16 * NB) + g);
+    WRaw r;
+    r.q = __ldg((const uint4 *)W + g);
+    r.e = make_uint4(0, __float_as_uint(fp16_to_f32((uint16_t)dm)),
+                     __float_as_uint(-fp16_to_f32((uint16_t)(dm >> 16))), 0);
+    return r;
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_1>(const WRaw &r, __half *out) {
+    const int *qw = (const int *)&r.q;
+    int lo[4], hi[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) nibbles(qw[k], &lo[k], &hi[k]);
+    k_weights_f16(lo, hi, __uint_as_float(r.e.y), __uint_as_float(r.e.z), out);
+}
+
+// Q5_0: e.x = the 32 high bits, e.y = d (fp16 bits)
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_0>(const uint8_t *W, size_t g, size_t NB) {
+    WRaw r;
+    r.q = __ldg((const uint4 *)W + g);
+    r.e.x = __ldg((const uint32_t *)(W + 16 * NB) + g);
+    r.e.y = __ldg((const uint16_t *)(W + 20 * NB) + g);
+    return r;
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_0>(const WRaw &r, __half *out) {
+    __half2 d = __half2half2(__ushort_as_half((unsigned short)r.e.y)),
+            off = __float2half2_rn(1024.0f + 16.0f);
+    int lo[4], hi[4];
+    q5_values(*(const int4 *)&r.q, (int)r.e.x, lo, hi);
+#pragma unroll
+    for (int k = 0; k < 4; k++) put8(out, k, (uint32_t)lo[k], (uint32_t)hi[k], off, d, d);
+}
+
+// Q5_1: e.x = the 32 high bits, e.y = d, e.z = -m (fp32 bits, exact)
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_1>(const uint8_t *W, size_t g, size_t NB) {
+    uint32_t dm = __ldg((const uint32_t *)(W + 20 * NB) + g);
+    WRaw r;
+    r.q = __ldg((const uint4 *)W + g);
+    r.e = make_uint4(__ldg((const uint32_t *)(W + 16 * NB) + g),
+                     __float_as_uint(fp16_to_f32((uint16_t)dm)),
+                     __float_as_uint(-fp16_to_f32((uint16_t)(dm >> 16))), 0);
+    return r;
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_1>(const WRaw &r, __half *out) {
+    int lo[4], hi[4];
+    q5_values(*(const int4 *)&r.q, (int)r.e.x, lo, hi);
+    k_weights_f16(lo, hi, __uint_as_float(r.e.y), __uint_as_float(r.e.z), out);
+}
+
 // Q5_K: e.x = the 32 high bits (bit j: element j), e.y = d * sc, e.z = dmin * m (fp32 bits, exact)
 template <>
-__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, int, int, size_t g, int,
-                                                       size_t NB) {
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, size_t g, size_t NB) {
     uint4 h = __ldg((const uint4 *)(W + 20 * NB + 16 * (g / 8))); // d, dmin, scales[12]
     int sc, m;
     k_scale_min_words((int)(g % 8), h.y, h.z, h.w, &sc, &m);
@@ -4148,36 +4598,21 @@ __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, int, in
     return r;
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_K>(const WRaw &r, __half *out) {
-    float dsc = __uint_as_float(r.e.y), dmm = __uint_as_float(r.e.z);
-    __half2 *o = (__half2 *)out;
     const int *qw = (const int *)&r.q;
+    int lo[4], hi[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) { // 5-bit values: the nibbles and the high bits (as sub_dot<Q5_K>)
-        int lo, hi;
-        nibbles(qw[k], &lo, &hi);
-        lo |= spread4_bit4((r.e.x >> (4 * k)) & 0xf);
-        hi |= spread4_bit4((r.e.x >> (16 + 4 * k)) & 0xf);
-        float w[8];
-// fp32: byte b under the exponent of 2^23 (ulp 1), then one fma
-#pragma unroll
-        for (int b = 0; b < 4; b++) {
-            float ql = __uint_as_float((uint32_t)prmt(lo, 0x4b000000, 0x7540 + b)) - 8388608.0f;
-            float qh = __uint_as_float((uint32_t)prmt(hi, 0x4b000000, 0x7540 + b)) - 8388608.0f;
-            w[b] = fmaf(ql, dsc, -dmm);
-            w[4 + b] = fmaf(qh, dsc, -dmm);
-        }
-        o[2 * k] = __floats2half2_rn(w[0], w[1]);
-        o[2 * k + 1] = __floats2half2_rn(w[2], w[3]);
-        o[8 + 2 * k] = __floats2half2_rn(w[4], w[5]);
-        o[8 + 2 * k + 1] = __floats2half2_rn(w[6], w[7]);
+        nibbles(qw[k], &lo[k], &hi[k]);
+        lo[k] |= spread4_bit4((r.e.x >> (4 * k)) & 0xf);
+        hi[k] |= spread4_bit4((r.e.x >> (16 + 4 * k)) & 0xf);
     }
+    k_weights_f16(lo, hi, __uint_as_float(r.e.y), __uint_as_float(r.e.z), out);
 }
 
 // Q6_K: e.x / e.y = the 2-bit highs of elements 0..15 / 16..31 (byte j%4, bits 2*((j%16)/4)),
 // e.z / e.w = d * sc of each half (fp32 bits, exact)
 template <>
-__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t *W, int, int, size_t g, int,
-                                                       size_t NB) {
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_Q6_K>(const uint8_t *W, size_t g, size_t NB) {
     int sub = (int)(g % 8);
     uint2 hi = __ldg((const uint2 *)(W + 16 * NB) + g);
     const int8_t *sc = (const int8_t *)(W + 24 * NB + 16 * (g / 8) + 2 * sub);
@@ -4200,23 +4635,6 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw 
         put8(out, k, (uint32_t)lo | (((r.e.x >> (2 * k)) & 0x03030303) << 4),
              (uint32_t)hi | (((r.e.y >> (2 * k)) & 0x03030303) << 4), off, s_lo, s_hi);
     }
-}
-
-// The fp16 copy of rows [r0, r0 + n_rows) of a weight in its file layout (the types without
-// planes), for the product to read as GGML_TYPE_F16: one thread per 32-weight unit. C twin:
-// dequant_unit (the values; matmul_c rounds them to fp16 as this kernel stores them).
-template <int TYPE>
-__global__ void dequant_f16_kernel(const uint8_t *W /* rows of row_stride bytes */,
-                                   size_t row_stride, __half *out /* (n_rows, n_in) */, int r0,
-                                   int n_rows, int n_in) {
-    int n_units = n_in / 32;
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)n_rows * n_units) return;
-    int r = (int)(i / n_units), u = (int)(i % n_units);
-    float w[32];
-    dequant_unit(TYPE, W + (size_t)(r0 + r) * row_stride, u, w, n_in, 0);
-    __half *o = out + (size_t)r * n_in + 32 * u;
-    for (int j = 0; j < 32; j++) o[j] = __float2half(w[j]);
 }
 
 // --- the product ---------------------------------------------------------------------------------
@@ -4317,7 +4735,7 @@ __device__ __forceinline__ void mm_store_piece(const FragAcc (&acc)[4][2], float
 // there the bound costs its native sm_70 code some spills.) C twin: matmul_c.
 template <int TYPE>
 __global__ void __launch_bounds__(MM_THREADS, 2)
-matmul_kernel(const uint8_t *W, // weights: planes (fast types) or fp16 rows (n_out, n_in)
+matmul_kernel(const uint8_t *W, // weights in planes (6.3)
               size_t NB,        // sub-blocks in the planes
               StepOrder so,     // the planes' order (6.7)
               ActH x,           // (T, x.ld) input rows
@@ -4369,7 +4787,7 @@ matmul_kernel(const uint8_t *W, // weights: planes (fast types) or fp16 rows (n_
 #pragma unroll
         for (int i = 0; i < 4; i++) xp[i] += 8; // 64 halves
         if (2 * step + lu < n_units)
-            wr = w_load<TYPE>(W, n, 2 * step + lu, plane_index(2 * step + lu), n_in, NB);
+            wr = w_load<TYPE>(W, plane_index(2 * step + lu), NB);
     };
     // stash: decode the weights and store both to shared-memory buffer buf
     auto stash = [&](int step, int buf) {
@@ -4442,11 +4860,6 @@ __global__ void matmul_fixup_kernel(float *y /* (T, ldy) */, int ldy,
         float *dst = y + (size_t)tt * ldy + nn;
         *dst = (accumulate ? *dst : 0.0f) + v + (bias ? bias[nn] : 0.0f);
     }
-}
-
-// F32, F16 and BF16 weights: the prefill multiplies them in fp32 (section 8's header says why).
-static int is_float_weight(int type) {
-    return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
 }
 
 // The weights of one row as matmul_kernel's tiles hold them (fp16 values, as floats): the
@@ -4993,7 +5406,6 @@ typedef struct {
     int n_batch;           // -b; 0 when the model's shapes rule the batched path out
     int n_logit_rows;      // rows of logits one batched pass returns at most
     size_t batch_bytes;    // the buffers below
-    size_t wscratch_elems; // fp16 copy of a slice of a weight without planes (0: none needed)
     int f32_rows;          // some product has float weights: bxh carries fp32 rows too
     float *bx;             // (n_batch, n_embd) residual stream rows
     ActH bxh;              // (n_batch, ld) fp16 input rows of the next product, ld = widest input
@@ -5010,7 +5422,6 @@ typedef struct {
     float *bpart;          // (part_elems) partial sums of the tiles a product cut between blocks
     size_t part_elems;
     int mm_blocks;         // the most product blocks resident at once over all types (sizes bpart)
-    __half *wscratch;      // (wscratch_elems)
     float *h_bx;           // pinned host (n_batch, n_embd): embedding rows on their way up
     float *h_blogits;      // pinned host (n_logit_rows, n_vocab)
 } GpuState;
@@ -5023,7 +5434,6 @@ static int g_n_batch = 512;
 #define MM_PART_ELEMS ((size_t)4 << 20)
 #define MM_BLOCKS_NO_GPU 80 // product blocks assumed for the budget without a GPU (a V100)
 
-#define WSCRATCH_MAX (16u << 20) // halves of the fp16 weight scratch at most (prefill_plan)
 // The weights that multiply activations in the layers (12 slots; those a model lacks have no name),
 // in one list for the prefill plan and the FLOP count of --bench.
 #define N_LAYER_PRODUCTS 12
@@ -5039,8 +5449,7 @@ static int mm_resident(int type);
 // Plan the prefill for the model and -b (gpu_state_carve then sizes its buffers): off (n_batch 0)
 // for -b 1, when an input width is not a multiple of 32 (the product's tiles walk whole 32-weight
 // units), or for heads wider than 256 (the batched attention's warps hold half a head each, 8
-// fragments of 16: prompts then go token by token); fp32 rows when a product has float weights; an
-// fp16 scratch for quantized weights without planes, one slice of rows at a time.
+// fragments of 16: prompts then go token by token); fp32 rows when a product has float weights.
 static void prefill_plan(GpuState *s, Model *m) {
     const Config *c = &m->c;
     s->n_batch = g_n_batch > 1 ? g_n_batch : 0;
@@ -5048,7 +5457,6 @@ static void prefill_plan(GpuState *s, Model *m) {
     if (c->n_embd % 32 || c->n_head * c->head_dim % 32 || c->n_ff % 32 || c->ssm_inner % 32 ||
         c->head_dim > 256)
         s->n_batch = 0;
-    s->wscratch_elems = 0;
     s->f32_rows = 0;
     s->mm_blocks = gpu_available() ? mm_resident(-1) : MM_BLOCKS_NO_GPU;
     for (int l = 0; l <= c->n_layer; l++) { // the layers' products, then the output matrix
@@ -5058,14 +5466,8 @@ static void prefill_plan(GpuState *s, Model *m) {
             layer_products(&m->w.layers[l], list);
             n = N_LAYER_PRODUCTS;
         }
-        for (int i = 0; i < n; i++) {
-            const Tensor *t = list[i];
-            if (!t->name || is_fast_type(t->type)) continue;
-            if (is_float_weight(t->type)) { s->f32_rows = 1; continue; }
-            size_t e = (size_t)t->n_in * t->n_out;
-            if (e > WSCRATCH_MAX) e = WSCRATCH_MAX / t->n_in * t->n_in;
-            if (e > s->wscratch_elems) s->wscratch_elems = e;
-        }
+        for (int i = 0; i < n; i++)
+            if (list[i]->name && is_float_weight(list[i]->type)) s->f32_rows = 1;
     }
 }
 
@@ -5268,9 +5670,10 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
 // units, set before they are uploaded. A launch's matrices are the ones forward_gpu_enqueue gives
 // it (a change there must be made here too: matvec_stream checks every launch's matrices against
 // the order they were stored in). step_order_set stores one launch's matrices in step order;
-// step_order_group decides which launches are: none with an IQ4_XS matrix. IQ4_XS's streaming loop
-// is held by its arithmetic (the lookup), not by where its reads fall, and the order's slot
-// arithmetic costs it as much as the order saves (test/PERF_NOTES.md, "Design record").
+// step_order_group decides which launches are: none with an IQ4 matrix. IQ4_XS's streaming loop is
+// held by its arithmetic (the lookup), not by where its reads fall, and the order's slot
+// arithmetic costs it as much as the order saves (test/PERF_NOTES.md, "Design record"); IQ4_NL
+// runs the same lookup.
 static void step_order_set(int n, Tensor *const *W) {
     MvPlan p;
     memset(&p, 0, sizeof p);
@@ -5287,7 +5690,7 @@ static void step_order_group(int n, Tensor *const *W) {
     int all_fast = 1, any_iq4 = 0;
     for (int i = 0; i < n; i++) {
         all_fast &= is_fast_type(W[i]->type);
-        any_iq4 |= W[i]->type == GGML_TYPE_IQ4_XS;
+        any_iq4 |= is_iq4_type(W[i]->type);
     }
     if (!all_fast) { // matvec_batch runs them one by one
         for (int i = 0; i < n; i++)
@@ -5318,7 +5721,7 @@ static void step_order_plan(Model *m) {
 }
 
 // Copy every weight the GPU needs into one device allocation, through a pinned staging buffer
-// (two halves, so reading the file overlaps the copy to the card). The four fast types are copied
+// (two halves, so reading the file overlaps the copy to the card). The fast types are copied
 // into a device staging buffer first, from which repack_kernel writes their plane layout into
 // the weights allocation.
 // Host memory stays bounded by the staging buffer: the mapped file is never copied whole.
@@ -5506,7 +5909,6 @@ static size_t gpu_state_carve(GpuState *s, const Config *c, int n_ctx, uint8_t *
         s->part_elems = 2 * MM_SLOT * (size_t)s->mm_blocks; // two slots per block of the product
         if (s->part_elems < MM_PART_ELEMS) s->part_elems = MM_PART_ELEMS;
         CARVE(s->bpart, float *, s->part_elems * 4);
-        if (s->wscratch_elems) CARVE(s->wscratch, __half *, s->wscratch_elems * 2);
     }
     s->batch_bytes = (size_t)(p - batch_start);
 #undef CARVE
@@ -5688,8 +6090,7 @@ static int mm_resident(int type) {
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM));        \
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[TY], matmul_kernel<TY>,       \
                                                              MM_THREADS, MM_SMEM))
-        OPT_IN(GGML_TYPE_F16); OPT_IN(GGML_TYPE_Q4_0); OPT_IN(GGML_TYPE_IQ4_XS);
-        OPT_IN(GGML_TYPE_Q5_K); OPT_IN(GGML_TYPE_Q6_K);
+        for (int t = 0; t < GGML_TYPE_COUNT; t++) FAST_TYPE_SWITCH(t, OPT_IN)
 #undef OPT_IN
     }
     if (type < 0) { // the most over all types: what s->bpart is sized for
@@ -5700,10 +6101,10 @@ static int mm_resident(int type) {
     return n_sm * (per_sm[type] > 0 ? per_sm[type] : 1);
 }
 
-// The tensor-core product of weights w (planes of a fast type, or fp16 rows): matmul_kernel on a
+// The tensor-core product of weights w (planes of a fast type): matmul_kernel on a
 // grid of the blocks that fit on the GPU (no more than there are steps, nor than s->bpart has slots
 // for), then matmul_fixup_kernel for the tiles cut between blocks.
-static void matmul_tc(int type, const uint8_t *w /* planes (NB sub-blocks) or (n_out, n_in) fp16 */,
+static void matmul_tc(int type, const uint8_t *w /* planes (NB sub-blocks) */,
                       size_t NB, StepOrder so, const ActH *x, int T, float *y /* (T, ldy) */,
                       int ldy, const float *bias /* (n_out) or NULL */, int n_in, int n_out,
                       int accumulate, GpuState *s) {
@@ -5719,21 +6120,12 @@ static void matmul_tc(int type, const uint8_t *w /* planes (NB sub-blocks) or (n
     if (G > (long long)(s->part_elems / (2 * MM_SLOT)))
         G = (long long)(s->part_elems / (2 * MM_SLOT));
     if (G < 1) G = 1; // one block cuts no tile: part is never written
-    switch (type) {
+    if (!is_fast_type(type)) die("matmul_tc: type %s", type_name(type));
 #define MM(TY)                                                                                     \
-    case TY:                                                                                       \
-        matmul_kernel<TY><<<(unsigned)G, MM_THREADS, MM_SMEM, st>>>(w, NB, so, *x, y, s->bpart,    \
-                                                                    ldy, bias, T, n_in, n_out,     \
-                                                                    accumulate);                   \
-        break
-        MM(GGML_TYPE_F16);
-        MM(GGML_TYPE_Q4_0);
-        MM(GGML_TYPE_IQ4_XS);
-        MM(GGML_TYPE_Q5_K);
-        MM(GGML_TYPE_Q6_K);
+    matmul_kernel<TY><<<(unsigned)G, MM_THREADS, MM_SMEM, st>>>(w, NB, so, *x, y, s->bpart, ldy,   \
+                                                                bias, T, n_in, n_out, accumulate)
+    FAST_TYPE_SWITCH(type, MM)
 #undef MM
-    default: die("matmul_tc: type %s", type_name(type));
-    }
     KERNEL_CHECK();
     if (G > 1) {
         matmul_fixup_kernel<<<(unsigned)n_tiles, 256, 0, st>>>(y, ldy, s->bpart, (int)G, bias, T,
@@ -5742,9 +6134,8 @@ static void matmul_tc(int type, const uint8_t *w /* planes (NB sub-blocks) or (n
     }
 }
 
-// y (T, ldy) (+)= x W^T (+ bias) for T rows. Float weights: the fp32 product. Weights in planes go
-// straight into the tensor-core product; any other type is first copied to fp16 a slice of rows at
-// a time (s->wscratch).
+// y (T, ldy) (+)= x W^T (+ bias) for T rows. Float weights: the fp32 product; quantized weights,
+// in planes: the tensor-core product.
 static void matmul(const Tensor *W, const ActH *x, int T, float *y /* (T, ldy) */, int ldy,
                    const float *bias /* (n_out) or NULL */, int accumulate, GpuState *s) {
     cudaStream_t st = s->stream;
@@ -5765,32 +6156,9 @@ static void matmul(const Tensor *W, const ActH *x, int T, float *y /* (T, ldy) *
         KERNEL_CHECK();
         return;
     }
-    if (W->planes) {
-        size_t NB = (size_t)n_out * (n_in / 32);
-        matmul_tc(W->type, w, NB, W->so, x, T, y, ldy, bias, n_in, n_out, accumulate, s);
-        return;
-    }
-    int rows = (int)(s->wscratch_elems / n_in);
-    if (rows < 1) die("prefill: no fp16 scratch for '%s' (%s)", W->name, type_name(W->type));
-    size_t stride = row_bytes(W->type, W->n_in);
-    for (int r0 = 0; r0 < n_out; r0 += rows) {
-        int nr = n_out - r0 < rows ? n_out - r0 : rows;
-        size_t units = (size_t)nr * (n_in / 32);
-        unsigned blocks = (unsigned)((units + 127) / 128);
-        switch (W->type) {
-#define CASE(TY)                                                                                   \
-    case TY:                                                                                       \
-        dequant_f16_kernel<TY><<<blocks, 128, 0, st>>>(w, stride, s->wscratch, r0, nr, n_in);      \
-        break
-        CASE(GGML_TYPE_Q4_1); CASE(GGML_TYPE_Q5_0); CASE(GGML_TYPE_Q5_1);
-        CASE(GGML_TYPE_Q8_0); CASE(GGML_TYPE_IQ4_NL); CASE(GGML_TYPE_Q4_K);
-#undef CASE
-        default: die("prefill: no GPU path for type %s (tensor '%s')", type_name(W->type), W->name);
-        }
-        KERNEL_CHECK();
-        matmul_tc(GGML_TYPE_F16, (const uint8_t *)s->wscratch, 0, StepOrder{0, 0, 0}, x, T, y + r0,
-                  ldy, bias ? bias + r0 : NULL, n_in, nr, accumulate, s);
-    }
+    if (!W->planes) die("prefill: weight '%s' (%s) is not in planes", W->name, type_name(W->type));
+    size_t NB = (size_t)n_out * (n_in / 32);
+    matmul_tc(W->type, w, NB, W->so, x, T, y, ldy, bias, n_in, n_out, accumulate, s);
 }
 
 static void rmsnorm_rows(ActH *out /* (T, n) fp16 rows */, const float *x /* (T, n) */,

@@ -541,6 +541,33 @@ static void test_iq4_planes(void) {
         }
     }
     check(bad == 0, "IQ4_XS planes (repack_c) + iq4_lookup8 give the file's 256 values");
+    // IQ4_NL: 3 blocks of 32, the same qs plane words, d in a plane of its own
+    block_iq4_nl nl[3];
+    for (int i = 0; i < 3; i++) {
+        nl[i].d = (uint16_t)(0x3c00 + 0x0400 * i); // 1, 2, 4: exact products
+        for (int j = 0; j < 16; j++) nl[i].qs[j] = (uint8_t)(j * 37 + 91 * i + 5);
+    }
+    float want_nl[96];
+    dequant_row(GGML_TYPE_IQ4_NL, (const uint8_t *)nl, want_nl, 96);
+    uint8_t pnl[3 * 18];
+    repack_c(GGML_TYPE_IQ4_NL, (const uint8_t *)nl, pnl, 3, 3, StepOrder{0, 0, 0}, 3);
+    bad = 0;
+    for (int g = 0; g < 3; g++) {
+        uint16_t d;
+        memcpy(&d, pnl + 48 + 2 * g, 2);
+        bad += d != nl[g].d;
+        for (int k = 0; k < 4; k++) {
+            int w, lo, hi;
+            memcpy(&w, pnl + 16 * g + 4 * k, 4);
+            iq4_lookup8(w, &lo, &hi);
+            for (int p = 0; p < 8; p++) {
+                int e = p < 4 ? 4 * k + p : 16 + 4 * k + p - 4;
+                float v = fp16_to_f32(d) * (int8_t)((p < 4 ? lo : hi) >> (8 * (p % 4)));
+                bad += v != want_nl[32 * g + e];
+            }
+        }
+    }
+    check(bad == 0, "IQ4_NL planes (repack_c) + iq4_lookup8 give the file's 96 values");
 }
 
 // The planes' step order (qwen.cu section 6) on the host: so_slot puts every unit of a tensor in
@@ -550,10 +577,22 @@ static void test_iq4_planes(void) {
 // The bytes of sub-block g in every plane of a tensor with NB sub-blocks, concatenated.
 static int plane_record(int type, const uint8_t *p, size_t NB, size_t g, uint8_t *rec) {
     int n = 0;
-    memcpy(rec + n, p + 16 * g, 16), n += 16;
+    if (type == GGML_TYPE_Q8_0) memcpy(rec + n, p + 32 * g, 32), n += 32; // 32 bytes of quants
+    else memcpy(rec + n, p + 16 * g, 16), n += 16;
     switch (type) {
-    case GGML_TYPE_Q4_0: memcpy(rec + n, p + 16 * NB + 2 * g, 2), n += 2; break;
+    case GGML_TYPE_Q4_0: case GGML_TYPE_IQ4_NL: memcpy(rec + n, p + 16 * NB + 2 * g, 2), n += 2; break;
+    case GGML_TYPE_Q4_1: memcpy(rec + n, p + 16 * NB + 4 * g, 4), n += 4; break;
+    case GGML_TYPE_Q5_0:
+        memcpy(rec + n, p + 16 * NB + 4 * g, 4), n += 4;
+        memcpy(rec + n, p + 20 * NB + 2 * g, 2), n += 2;
+        break;
+    case GGML_TYPE_Q5_1:
+        memcpy(rec + n, p + 16 * NB + 4 * g, 4), n += 4;
+        memcpy(rec + n, p + 20 * NB + 4 * g, 4), n += 4;
+        break;
+    case GGML_TYPE_Q8_0: memcpy(rec + n, p + 32 * NB + 2 * g, 2), n += 2; break;
     case GGML_TYPE_IQ4_XS: memcpy(rec + n, p + 16 * NB + 8 * (g / 8), 8), n += 8; break;
+    case GGML_TYPE_Q4_K: memcpy(rec + n, p + 16 * NB + 16 * (g / 8), 16), n += 16; break;
     case GGML_TYPE_Q5_K:
         memcpy(rec + n, p + 16 * NB + 4 * g, 4), n += 4;
         memcpy(rec + n, p + 20 * NB + 16 * (g / 8), 16), n += 16;
@@ -588,9 +627,10 @@ static void test_step_order(void) {
                 free(seen);
             }
     report(bad == 0, "step order: so_slot is a bijection in (step, warp) order (13230 run layouts)", bad, 0);
-    const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
+                         GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
     bad = 0;
-    for (int ti = 0; ti < 4; ti++) {
+    for (int ti = 0; ti < 10; ti++) {
         int type = types[ti], n_in = 2048, n_out = 24, n_sub = n_in / 32;
         size_t rb = row_bytes(type, n_in), NB = (size_t)n_sub * n_out, nblk = rb * n_out / TYPE_TRAITS[type].type_size;
         uint8_t *w = (uint8_t *)xmalloc(rb * n_out, "a test"), *rows = (uint8_t *)xmalloc(rb * n_out, "a test"), *steps = (uint8_t *)xmalloc(rb * n_out, "a test");
@@ -608,7 +648,7 @@ static void test_step_order(void) {
         bad += plane_g(so, 0, 0, n_sub) == 0; // unit 0 is warp 0's step 3: not slot 0 (the order is not the identity)
         free(w); free(rows); free(steps);
     }
-    report(bad == 0, "step order: repack_c's planes hold every sub-block at plane_g (4 fast types)", bad, 0);
+    report(bad == 0, "step order: repack_c's planes hold every sub-block at plane_g (10 fast types)", bad, 0);
 }
 
 // The decode attention's cut of the keys (att_cut, att_chunk): the promises its kernel relies on, for
@@ -1522,10 +1562,10 @@ static void test_sampler_keep(void) {
             free(lg); free(ia); free(ib); free(scr);
             return;
         }
-        size_t rn;
+        size_t rn = 0;
         float *ref = read_f32(path, &rn);
         const int V = 8193;
-        for (size_t p = 0; p + V <= rn; p += V, positions++) {
+        for (size_t p = 0; ref && p + V <= rn; p += V, positions++) {
             int ns = ref_sort(ref + p, V, scr);
             for (int i = 0; i < N_KEEP_K; i++)
                 for (int j = 0; j < N_KEEP_P; j++)
@@ -3416,7 +3456,8 @@ static void test_gpu_matvec(void) {
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int blk = TYPE_TRAITS[type].blck == 1 ? 32 : TYPE_TRAITS[type].blck;
             int64_t n_in = (int64_t)shapes[si][0] * blk, n_out = shapes[si][1];
-            if (TYPE_TRAITS[type].blck == 1) n_in += 13; // float types: rows of any length
+            // float types: rows of any length (6.1's kernel), and rows of whole 16-byte vectors (6.4c's)
+            if (TYPE_TRAITS[type].blck == 1 && si % 2 == 0) n_in += 13;
             if (fast && n_in % 32) continue;
             size_t rb = row_bytes(type, n_in);
             uint8_t *w = (uint8_t *)xmalloc(rb * n_out, "a test");
@@ -3472,8 +3513,9 @@ static void test_gpu_matvec(void) {
 // FFN gate + up + SiLU (fast types: one mat-vec launch and silu_mul_quant_kernel) against two C
 // mat-vecs, silu and the quantizer
 static void test_gpu_gate_up(void) {
-    const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
-    for (int ti = 0; ti < 4; ti++) {
+    const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
+                         GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    for (int ti = 0; ti < 10; ti++) {
         int type = types[ti];
         char name[160];
         snprintf(name, sizeof name, "gpu ffn_gate_up %s%s vs matvec_xq_c x2 + silu_c: |d|/scale", type_name(type), MV_TAG(1));
@@ -3516,12 +3558,14 @@ static void test_gpu_gate_up(void) {
     }
 }
 
-// q, k, v in one launch: three matrices of different fast types against matvec_xq_c
-static void test_gpu_qkv_batch(void) {
+// q, k, v in one launch: three matrices of different fast types against matvec_xq_c, for two sets
+// of types (the mixed kernels switch on each matrix's type)
+static void test_gpu_qkv_batch_types(const int types[3]) {
     char name[160];
-    snprintf(name, sizeof name, "gpu q/k/v in one launch%s (Q4_0 + Q5_K + IQ4_XS, bias) vs matvec_xq_c: |d|/scale", MV_TAG(1));
+    snprintf(name, sizeof name, "gpu q/k/v in one launch%s (%s + %s + %s, bias) vs matvec_xq_c: |d|/scale", MV_TAG(1),
+             type_name(types[0]), type_name(types[1]), type_name(types[2]));
     if (!HAVE_GPU) { skip(name, "no GPU"); return; }
-    const int n_in = 768, types[3] = {GGML_TYPE_Q4_0, GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS}, n_out[3] = {130, 34, 64};
+    const int n_in = 768, n_out[3] = {130, 34, 64};
     float x[n_in], row[n_in];
     random_act(x, n_in);
     HostXQ hq = quantize_host(x, n_in);
@@ -3560,6 +3604,16 @@ static void test_gpu_qkv_batch(void) {
     }
     report(worst <= 1e-5, name, worst, 1e-5);
     free_hxq(&hq); free_xq(in.q);
+}
+static void test_gpu_qkv_batch(void) {
+    const int a[3] = {GGML_TYPE_Q4_0, GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS},
+              b[3] = {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL},
+              d[3] = {GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1},
+              c[3] = {GGML_TYPE_Q4_K, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K}; // Q4_K_M's q, k, v
+    test_gpu_qkv_batch_types(a);
+    test_gpu_qkv_batch_types(b);
+    test_gpu_qkv_batch_types(c);
+    test_gpu_qkv_batch_types(d);
 }
 
 // The C side of a token's RoPE: optional RMSNorm per head (weights qn / kn, or NULL), then
@@ -3964,11 +4018,17 @@ static void make_rows(const float *x, int T, int n, uint16_t *X, float *s) {
 // warp's run.
 static void test_gpu_step_order(void) {
     const int pairs[][2] = {{GGML_TYPE_Q4_0, GGML_TYPE_Q4_0},
+                            {GGML_TYPE_Q8_0, GGML_TYPE_Q8_0},
+                            {GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_NL},
                             {GGML_TYPE_IQ4_XS, GGML_TYPE_IQ4_XS},
+                            {GGML_TYPE_Q4_K, GGML_TYPE_Q4_K},
                             {GGML_TYPE_Q5_K, GGML_TYPE_Q5_K},
                             {GGML_TYPE_Q6_K, GGML_TYPE_Q6_K},
-                            {GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K}};
-    for (int pi = 0; pi < 5; pi++) {
+                            {GGML_TYPE_IQ4_XS, GGML_TYPE_Q5_K},
+                            {GGML_TYPE_Q4_K, GGML_TYPE_Q6_K},
+                            {GGML_TYPE_Q4_1, GGML_TYPE_Q4_1},
+                            {GGML_TYPE_Q5_0, GGML_TYPE_Q5_1}};
+    for (int pi = 0; pi < 11; pi++) {
         const int *tp = pairs[pi];
         char tn[40], name[160], name2[160];
         if (tp[0] == tp[1]) snprintf(tn, sizeof tn, "%s", type_name(tp[0]));
@@ -4082,8 +4142,6 @@ static void test_gpu_matmul(void) {
             upload_like_engine(&W);
             GpuState s;
             memset(&s, 0, sizeof s);
-            s.wscratch_elems = (size_t)n_in * 50; // several slices for the types without planes
-            CUDA_CHECK(cudaMalloc(&s.wscratch, s.wscratch_elems * 2));
             s.part_elems = 2 * MM_SLOT * (size_t)mm_resident(-1); // the engine's grid: tiles cut between blocks
             CUDA_CHECK(cudaMalloc(&s.bpart, s.part_elems * 4));
             ActH a = {(__half *)dcopy(X, (size_t)T * n_in * 2), (float *)dcopy(xs, T * 4), n_in,
@@ -4114,7 +4172,7 @@ static void test_gpu_matmul(void) {
                 worst_exact = worse(worst_exact, max_rel_err(got, exact, scale, T * n_out));
             }
             free(exact);
-            cudaFree(W.dev); cudaFree(a.h); cudaFree(a.s); cudaFree(a.f); cudaFree(dy); cudaFree(db); cudaFree(s.wscratch); cudaFree(s.bpart);
+            cudaFree(W.dev); cudaFree(a.h); cudaFree(a.s); cudaFree(a.f); cudaFree(dy); cudaFree(db); cudaFree(s.bpart);
             free(w); free(x); free(xs); free(X); free(bias); free(y0); free(ref); free(got); free(row); free(scale);
         }
         report(worst <= 1e-5, name, worst, 1e-5);
