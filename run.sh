@@ -3,6 +3,7 @@
 #   -c 2048 --temp 0.7 --top-p 0.8
 #
 #   ./run.sh                              the tiny trained model in test/data/trained (English)
+#   ./run.sh --seed 2 -n 64               flags alone: the tiny trained model with those flags
 #   ./run.sh MODEL.gguf ["prompt"] [more qwen flags, e.g. --seed 42 -n 128]
 #   ./run.sh MODEL.gguf --seed 42         flags right after the model: the default prompt
 # Paths are the caller's: the script does not change directory, it finds qwen.cu beside itself.
@@ -16,8 +17,11 @@ if [ ! -x "$here/qwen" ] || [ "$here/qwen.cu" -nt "$here/qwen" ] ||
     env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$here" SUFFIX= qwen >&2
 fi
 
-model=${1:-}
-[ $# -gt 0 ] && shift
+model=
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then # a first argument that is not a flag: the model
+    model=$1
+    shift
+fi
 prompt="The three laws of memory-bound inference are"
 ctx=(-c 2048)
 if [ -z "$model" ]; then
