@@ -9,7 +9,7 @@
 //
 // Minimal in three ways only: no dependencies beyond the CUDA toolkit, one file (with the tokenizer
 // it includes), no abstraction layers (plain structs, functions and kernels; no classes, no
-// framework). It is not small. A quarter of it can be skipped on a first reading: code that exists
+// framework). It is not small. A fifth of it can be skipped on a first reading: code that exists
 // only for speed (the streaming mat-vec, the step order, the DeltaNet token kernel, the batched
 // prompt pass), each block marked by a first comment line that starts "Speed:" and names its
 // measurements in test/PERF_NOTES.md. Other choices made for speed (the 16-bit activations, the
@@ -1410,6 +1410,17 @@ static Tensor find_vector(const GGUF *g, const char *name, int64_t n, int requir
 }
 
 // Every weight of the model by its GGUF name, each with the shape the config implies.
+//
+// The weights are as llama.cpp's converter (convert_hf_to_gguf.py) writes them, and the engine
+// relies on its conventions; a reader who knows transformers' modeling code meets three of them
+// in qwen35 (test/train/hf_to_gguf.cu does the same conversion, step by step):
+//   * norms: transformers' Qwen3.5 RMSNorm is zero-centred, x * (1 + w); the file stores 1 + w,
+//     so every norm here multiplies by the stored weight as it is (rmsnorm_c). The DeltaNet's
+//     gated norm (linear_attn.norm, "ssm_norm") is not zero-centred and is stored unchanged.
+//   * decay: transformers keeps A_log; the file stores ssm_a = -exp(A_log), the factor of the
+//     gate g = softplus(alpha + dt_bias) * ssm_a (gdn_gates).
+//   * value heads: transformers groups the value heads by key head (v head g*r + j, r = Hv/Hk, of
+//     key head g); the file tiles them (v head j*Hk + g), so v head hv reads key head hv % Hk.
 static void weights_from_gguf(Weights *w, const Config *c, const GGUF *g) {
     char name[GGUF_MAX_NAME + 32];
     int64_t E = c->n_embd, F = c->n_ff, V = 0;
