@@ -175,9 +175,8 @@ static void on_bus_error(int sig, siginfo_t *si, void *uctx) {
     for (int i = 0; i < N_MAPPED; i++) {
         const char *b = g_mapped[i].base;
         if (!b || at < b || at >= b + g_mapped[i].len) continue;
-        const char *part[4] = {g_stdout_midline ? "\nerror: '" : "error: '", g_mapped[i].path,
-                               "' was truncated or rewritten while this run read it (SIGBUS): "
-                               "give the run a file that no other program is writing\n"};
+        const char *part[3] = {g_stdout_midline ? "\nerror: '" : "error: '", g_mapped[i].path,
+                               "' was truncated or rewritten while this run read it (SIGBUS)\n"};
         for (int k = 0; k < 3; k++)
             if (write(2, part[k], strlen(part[k])) < 0) break;
         const char *partial = g_partial_file;
@@ -5407,15 +5406,20 @@ static FitHint budget_hint(const Budget *b, Model *m, int n_ctx) {
     return h;
 }
 
-// The hints that would make the model fit, each one possible: the largest context, or the bits per
-// weight a smaller quantization must reach; when even the weights' share cannot be reached (the
-// rest of the budget alone is over what is free), the card is too small for this model at any
-// quantization, and the hint says so rather than asking for an impossible bits/weight.
-static void budget_hints(const Budget *b, Model *m, int n_ctx, FILE *f) {
+// The hints that would make the model fit, each one possible: the largest context, where the run
+// can take a context that small (min_ctx: 1 for a generation; the bench's 2049; a KL-divergence
+// base's chunk, which a run cannot change), or the bits per weight a smaller quantization must
+// reach; when even the weights' share cannot be reached (the rest of the budget alone is over
+// what is free), no quantization fits, and the hint says so rather than asking for an impossible
+// bits/weight.
+static void budget_hints(const Budget *b, Model *m, int n_ctx, int min_ctx, FILE *f) {
     const double G = 1073741824.0;
     FitHint h = budget_hint(b, m, n_ctx);
-    if (h.max_ctx >= 1)
+    if (h.max_ctx >= min_ctx && min_ctx < n_ctx)
         fprintf(f, "hint: with this file, the largest context that fits is -c %d\n", h.max_ctx);
+    else if (h.max_ctx >= 1)
+        fprintf(f, "hint: with this file, the largest context that fits is %d tokens; this run "
+                "needs %d\n", h.max_ctx, min_ctx);
     else
         fprintf(f, "hint: with this file not even -c 1 fits: the weights alone are %.2f GiB\n",
                 b->weights / G);
@@ -5426,19 +5430,24 @@ static void budget_hints(const Budget *b, Model *m, int n_ctx, FILE *f) {
                 "quantization than qwen.cu supports)\n", h.bpw, n_ctx, h.bpw_fit);
     else
         fprintf(f, "hint: no quantization of this model fits with -c %d: without its weights the "
-                "budget alone is %.2f GiB of the %.2f free\n", n_ctx,
+                "budget alone is %.3f GiB of the %.3f free\n", n_ctx,
                 (budget_need(b) - b->weights) / G, b->card_free / G);
 }
 
-// The refusal: the budget, then one error line and the hints that would make the model fit.
-static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_limit, FILE *f) {
+// The refusal: the budget, then one error line and the hints that would make the model fit; a run
+// that cannot use a context below min_ctx gets no hint of one.
+static void budget_refusal_min(const Budget *b, Model *m, int n_ctx, int min_ctx,
+                               double vram_limit, FILE *f) {
     const double G = 1073741824.0;
     budget_print(b, m, n_ctx, vram_limit, f);
     fprintf(f, "error: the model needs %.2f GiB on top of the CUDA context but only %.2f GiB are "
             "free%s; qwen.cu keeps every layer on the GPU, so it stops here (no weight was "
             "loaded)\n", budget_need(b) / G, b->card_free / G,
             vram_limit > 0 ? " under --vram-limit" : "");
-    budget_hints(b, m, n_ctx, f);
+    budget_hints(b, m, n_ctx, min_ctx, f);
+}
+static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_limit, FILE *f) {
+    budget_refusal_min(b, m, n_ctx, 1, vram_limit, f);
 }
 
 // --- the weight upload: the step order, then the copy -------------------------------------------
@@ -6262,14 +6271,15 @@ typedef struct {
 
 // The VRAM budget of every GPU run (generation, chat, perplexity, --diff-logits, --bench) at n_ctx,
 // before anything large is allocated: printed when it fits, else the refusal with its hints and
-// exit 1. --vram-limit caps the card (budget_measure).
-static void budget_or_refuse(Model *m, int n_ctx) {
+// exit 1 (min_ctx: the smallest context the run can take, budget_hints). --vram-limit caps the
+// card (budget_measure).
+static void budget_or_refuse(Model *m, int n_ctx, int min_ctx) {
     Budget b;
     memset(&b, 0, sizeof b);
     budget_measure(&b, g_vram_limit); // creates the CUDA context first
     budget_compute(&b, m, n_ctx);
     if (!budget_fits(&b)) {
-        budget_refusal(&b, m, n_ctx, g_vram_limit, stderr);
+        budget_refusal_min(&b, m, n_ctx, min_ctx, g_vram_limit, stderr);
         exit_failed();
     }
     if (g_verbose) budget_print(&b, m, n_ctx, g_vram_limit, stderr);
@@ -6280,7 +6290,7 @@ static void budget_or_refuse(Model *m, int n_ctx) {
 // cannot be measured here, so the verdict says how much of the limit is left for it; when the
 // model does not fit, the hints are computed with the whole limit free (upper bounds: the context
 // takes its share too). Returns 1 when it fits before the context.
-static int budget_limit_verdict(Model *m, int n_ctx, FILE *f) {
+static int budget_limit_verdict(Model *m, int n_ctx, int min_ctx, FILE *f) {
     const double G = 1073741824.0;
     Budget b;
     memset(&b, 0, sizeof b);
@@ -6296,24 +6306,30 @@ static int budget_limit_verdict(Model *m, int n_ctx, FILE *f) {
     }
     fprintf(f, "  against --vram-limit %.3f GiB: DOES NOT FIT, even before the CUDA context "
             "(%.3f GiB over)\n", g_vram_limit / G, (need - g_vram_limit) / G);
-    budget_hints(&b, m, n_ctx, f);
+    budget_hints(&b, m, n_ctx, min_ctx, f);
     return 0;
 }
 
-static void engine_init(Engine *e, Model *m, int use_gpu, int n_ctx) {
+// The engine of a run with room for n_ctx positions; a run that cannot use a context below min_ctx
+// (a prompt's length, a base file's chunk) gets no refusal hint of one.
+static void engine_init_run(Engine *e, Model *m, int use_gpu, int n_ctx, int min_ctx) {
     memset(e, 0, sizeof *e);
     e->m = m;
     e->use_gpu = use_gpu;
     if (use_gpu) {
         if (!gpu_available())
             die("no CUDA GPU found (run with --cpu for the plain-C reference path)");
-        budget_or_refuse(m, n_ctx);
+        budget_or_refuse(m, n_ctx, min_ctx);
         gpu_state_init(&e->gpu, m, n_ctx);
         upload_weights(m, &e->gpu);
         gpu_capture(m, &e->gpu); // the graph's memory too is taken before the first token
     } else {
         cpu_state_init(&e->cpu, &m->c, n_ctx);
     }
+}
+
+static void engine_init(Engine *e, Model *m, int use_gpu, int n_ctx) {
+    engine_init_run(e, m, use_gpu, n_ctx, 1);
 }
 
 static void engine_free(Engine *e) {
@@ -6600,7 +6616,7 @@ static void check_prompt_fits(int n, int n_ctx, int n_ctx_train) {
 static void gen_init(Gen *g, const Args *a, Model *m, const Tokenizer *tok, int n_prompt) {
     check_prompt_fits(n_prompt, a->n_ctx, m->c.n_ctx_train);
     memset(g, 0, sizeof *g);
-    engine_init(&g->e, m, !a->use_cpu, a->n_ctx);
+    engine_init_run(&g->e, m, !a->use_cpu, a->n_ctx, n_prompt > 0 ? n_prompt : 1);
     sampler_init(&g->smp, m->c.n_vocab, a->temp, a->top_k, a->top_p, a->min_p,
                  (uint64_t)a->seed);
     fprintf(stderr, "sampling: temp %.2f, top-k %d, top-p %.2f, min-p %.2f, seed %lld\n", a->temp,
@@ -6874,14 +6890,14 @@ static void bench_prefill(const Model *m, GpuState *s) {
 
 // --bench, after the VRAM budget that every GPU run passes first, at the context it runs at.
 static void run_bench(Model *m, int n_ctx) {
-    int bench_ctx = n_ctx < 2049 ? 2049 : n_ctx; // bench_setup's
+    int bench_ctx = n_ctx < 2049 ? 2049 : n_ctx; // bench_setup's: decode at 2048 needs 2049
     if (!gpu_available()) {
-        if (g_vram_limit > 0 && !budget_limit_verdict(m, bench_ctx, stderr))
+        if (g_vram_limit > 0 && !budget_limit_verdict(m, bench_ctx, 2049, stderr))
             die("--bench: the model does not fit in --vram-limit %.2f GiB at -c %d",
                 g_vram_limit / 1073741824.0, bench_ctx);
         die("--bench needs a CUDA GPU (it measures the GPU's speed)");
     }
-    budget_or_refuse(m, bench_ctx);
+    budget_or_refuse(m, bench_ctx, 2049);
     GpuState s;
     double copy_bw = bench_setup(m, n_ctx, &s);
     bench_decode(m, &s, copy_bw);
@@ -7009,7 +7025,7 @@ static void print_model(Model *m, int n_ctx) {
            c->n_kv_layers, c->n_gdn_layers, c->n_embd, c->n_ff, c->n_head,
            c->n_head_kv, c->head_dim, c->n_rot, c->rope_base, c->n_vocab, c->n_ctx_train);
     if (!gpu_available() && g_vram_limit > 0) { // the verdict against the limit alone
-        budget_limit_verdict(m, n_ctx, stdout);
+        budget_limit_verdict(m, n_ctx, 1, stdout);
         return;
     }
     Budget b;
@@ -7526,7 +7542,8 @@ static void usage(FILE *f) {
         "  --diff-out F.tsv  --diff-logits' table of every position\n"
         "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
         "  --bench           decode speed at context 128 and 2048 against the GPU's copy\n"
-        "                    bandwidth, and prefill (pp512)\n"
+        "                    bandwidth, and prefill (pp512); its KV cache holds -c tokens, at\n"
+        "                    least 2049\n"
         "  --info            print the file's metadata, tensors and the VRAM budget for -c\n"
         "  --vram-limit SIZE behave as if the GPU had SIZE of memory, with its unit (e.g. 15.5G:\n"
         "                    a 16 GB V100)\n"
@@ -7688,7 +7705,7 @@ static void parse_args(Args *a, int argc, char **argv) {
         else if (IS("-n") || IS("--n-predict"))
             a->n_predict = arg_int(o, NEXT()), a->n_given = 1, FOR(SAMPLE);
         else if (IS("-c") || IS("--ctx-size"))
-            a->n_ctx = arg_int(o, NEXT()), a->ctx_given = 1, FOR(RUN | MODE_INFO);
+            a->n_ctx = arg_int(o, NEXT()), a->ctx_given = 1, FOR(RUN | MODE_INFO | MODE_BENCH);
         else if (IS("--perplexity")) a->ppl = 1;
         else if (IS("--kl-divergence")) a->kld = 1;
         else if (IS("--kl-divergence-base")) a->kld_base_path = NEXT();
@@ -7869,7 +7886,7 @@ static int mode_perplexity(const Args *a, Model *m, const Tokenizer *tok, const 
         kld_base_write_header(out, (uint32_t)n_ctx, c->n_vocab, n_chunk, ptoks);
     }
     Engine e;
-    engine_init(&e, m, !a->use_cpu, n_ctx);
+    engine_init_run(&e, m, !a->use_cpu, n_ctx, a->kld ? n_ctx : 4); // 4: the shortest chunk
     PplResult r = perplexity(&e, ptoks, n_chunk, n_ctx, out, a->kld ? &base : NULL, 1);
     if (out) output_close(out, "--kl-divergence-base", a->kld_base_path);
     print_perplexity(&r, a->kld);
@@ -8216,7 +8233,7 @@ static int mode_diff(const Args *a, Model *m, const Tokenizer *tok) {
                  (double *)xmalloc((size_t)C * 8, "a row of log-probs"),
                  (double *)xmalloc((size_t)C * 8, "a row of log-probs")};
     Engine e;
-    engine_init(&e, m, !a->use_cpu, n);
+    engine_init_run(&e, m, !a->use_cpu, n, n); // the prompt's length, whatever -c says
     engine_eval(&e, ids, n, 0, 0, diff_row, &d);
     engine_free(&e);
     diff_report(a, tok, ids, n, &t, d.pos);
@@ -8308,7 +8325,9 @@ int main(int argc, char **argv) {
                 die("%s: %s (pass the prompt as ids with --tokens)", a.model_path, tok_err);
             rc = mode_diff(&a, &m, have_tok ? &tok : NULL);
         } else {
-            if (!have_tok && (a.prompt || a.mode == MODE_CHAT))
+            if (!have_tok && a.mode == MODE_CHAT) // --tokens is no chat turn
+                die("%s: %s; --chat needs the file's tokenizer", a.model_path, tok_err);
+            if (!have_tok && a.prompt)
                 die("%s: %s (pass the prompt as ids with --tokens)", a.model_path, tok_err);
             if (!have_tok)
                 fprintf(stderr, "note: %s; the output is printed as token ids\n", tok_err);

@@ -2492,6 +2492,28 @@ static void test_cli_user3(void) {
     check(rc == 1 && strstr(out, "VRAM budget for -c 4096") && strstr(out, "DOES NOT FIT"),
           "cli-user3 16: --bench --vram-limit 10M -> the budget at the bench's context, refused");
     if (rc != 1) printf("     rc=%d output: %.300s\n", rc, out);
+    // the same family: the budget's -c hint only where the run can take that context (--bench's
+    // is at least 2049), and no hint of --tokens for a chat (which reads no ids)
+    {
+        snprintf(cmd, sizeof cmd, "%s -m %s --bench --vram-limit 90M 2>&1", QWEN, m);
+        rc = run_cmd(cmd, out, sizeof out);
+        const char *hc = strstr(out, "largest context that fits is -c ");
+        int ok = rc == 1 && strstr(out, "hint: ") && (!hc || atoi(hc + 33) >= 2049);
+        size_t n = 0;
+        char *copy = read_file(m, &n), *at = NULL, nt[300];
+        for (size_t i = 0; copy && i + 21 <= n && !at; i++)
+            if (!memcmp(copy + i, "tokenizer.ggml.tokens", 21)) at = copy + i;
+        if (at) at[20] = 'z'; // the key renamed: no tokenizer
+        snprintf(nt, sizeof nt, "%s/notok.gguf", dir);
+        write_file(nt, copy, n);
+        free(copy);
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --chat -p hi 2>&1", QWEN, nt);
+        int rc2 = run_cmd(cmd, out + strlen(out), sizeof out - strlen(out));
+        ok &= at && rc2 == 1 && strstr(out, "--chat needs the file's tokenizer") && !strstr(out, "with --tokens");
+        check(ok, "cli-user3: a fix a message suggests is possible: --bench's -c hint >= 2049; no --tokens for a chat");
+        if (!ok) printf("     rc=%d,%d output: %.500s\n", rc, rc2, out);
+        unlink(nt);
+    }
     // row 20, 21: --perplexity of 10 scored tokens or fewer: no error estimate ("n/a"); "1 chunk"
     snprintf(cmd, sizeof cmd, "%s -m %s --cpu --perplexity -c 8 --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 2>&1", QWEN, m);
     rc = run_cmd(cmd, out, sizeof out);
