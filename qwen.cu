@@ -5423,8 +5423,8 @@ static void budget_hints(const Budget *b, Model *m, int n_ctx, int min_ctx, FILE
     else
         fprintf(f, "hint: with this file not even -c 1 fits: the weights alone are %.2f GiB\n",
                 b->weights / G);
-    // 2 bits/weight: below every quantization qwen.cu reads, and most files
-    if (h.bpw_fit >= 2.0)
+    // 1.56 bits/weight is IQ1_S, the smallest GGUF type of any engine: below it no file fits
+    if (h.bpw_fit >= 1.56)
         fprintf(f, "hint: this file's weights average %.2f bits/weight; to fit with -c %d they "
                 "must average at most %.2f (IQ4_XS is 4.25, Q4_0 4.5; below 4.25 needs a smaller "
                 "quantization than qwen.cu supports)\n", h.bpw, n_ctx, h.bpw_fit);
