@@ -61,8 +61,15 @@ BUILD_FLAGS := $(NVCC) $(NVFLAGS)
 	@echo '$(BUILD_FLAGS)' | cmp -s - $@ || echo '$(BUILD_FLAGS)' > $@
 FORCE:
 
-qwen$(SUFFIX): qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX)
-	$(NVCC_RUN) $(NVFLAGS) -o $@ qwen.cu $(LDLIBS)
+# The build's commit for --version: `git describe --always --dirty` (the commit's short hash, with
+# -dirty when the sources differ from it), or "unknown" outside a git checkout. It is kept in
+# .version, rewritten only when it changes, so that a new commit rebuilds ./qwen and nothing else.
+QWEN_VERSION := $(shell git -C "$(CURDIR)" describe --always --dirty 2>/dev/null || echo unknown)
+.version$(SUFFIX): FORCE
+	@echo '$(QWEN_VERSION)' | cmp -s - $@ || echo '$(QWEN_VERSION)' > $@
+
+qwen$(SUFFIX): qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX) .version$(SUFFIX)
+	$(NVCC_RUN) $(NVFLAGS) -DQWEN_VERSION='"$(QWEN_VERSION)"' -o $@ qwen.cu $(LDLIBS)
 
 # the tests #include qwen.cu with TESTING defined (no main of its own)
 test/test_qwen$(SUFFIX): test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \
@@ -76,7 +83,8 @@ test: qwen$(SUFFIX) test/test_qwen$(SUFFIX) test/quantize$(SUFFIX)
 
 clean:
 	rm -f qwen qwen-sm70 test/test_qwen test/test_qwen-sm70 test/step_floor test/bench test/bench-sm70 \
-		qwen-san test/test_qwen-san test/fuzz_mutate .build-flags .build-flags-sm70 \
+		qwen-san test/test_qwen-san test/fuzz_mutate .build-flags .build-flags-sm70 .version \
+		.version-sm70 \
 		test/quantize test/quantize-sm70 \
 		test/train/hf_to_gguf test/train/hf_to_gguf-sm70 \
 		test/fuzz_lib $(FUZZ_TARGETS:%=test/fuzz-%)
@@ -135,8 +143,8 @@ SANFLAGS = $(filter-out -O%,$(NVFLAGS)) -O1 -g -Xcompiler -fno-omit-frame-pointe
 	-Xcompiler -fsanitize=address -Xcompiler -fsanitize=undefined
 FUZZ_S ?= 60
 
-qwen-san: qwen.cu tokenizer.c unicode_tables.h
-	$(NVCC_RUN) $(SANFLAGS) -o $@ qwen.cu $(LDLIBS)
+qwen-san: qwen.cu tokenizer.c unicode_tables.h .version
+	$(NVCC_RUN) $(SANFLAGS) -DQWEN_VERSION='"$(QWEN_VERSION)"' -o $@ qwen.cu $(LDLIBS)
 
 test/test_qwen-san: test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \
 		test/test_trained.h test/fuzz_targets.h \

@@ -3,6 +3,7 @@
 #   -c 2048 --temp 0.7 --top-p 0.8
 #
 #   ./run.sh                              the tiny trained model in test/data/trained (English)
+#   ./run.sh --seed 2 -n 64               flags alone: the tiny trained model with those flags
 #   ./run.sh MODEL.gguf ["prompt"] [more qwen flags, e.g. --seed 42 -n 128]
 #   ./run.sh MODEL.gguf --seed 42         flags right after the model: the default prompt
 # Paths are the caller's: the script does not change directory, it finds qwen.cu beside itself.
@@ -16,8 +17,11 @@ if [ ! -x "$here/qwen" ] || [ "$here/qwen.cu" -nt "$here/qwen" ] ||
     env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$here" SUFFIX= qwen >&2
 fi
 
-model=${1:-}
-[ $# -gt 0 ] && shift
+model=
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then # a first argument that is not a flag: the model
+    model=$1
+    shift
+fi
 prompt="The three laws of memory-bound inference are"
 ctx=(-c 2048)
 if [ -z "$model" ]; then
@@ -41,10 +45,21 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then # a second argument that is not a f
     shift
 fi
 
+# The defaults go in only where the caller's flags leave them out: qwen takes each option once.
+args=("$@")
+given() { # given FLAG...: one of these flags is among the caller's
+    local a f
+    for a in "${args[@]}"; do for f in "$@"; do [ "$a" = "$f" ] && return 0; done; done
+    return 1
+}
 extra=()
-if ! nvidia-smi >/dev/null 2>&1; then
+given -p --prompt -f --file --tokens || extra+=(-p "$prompt")
+given -c --ctx-size || extra+=("${ctx[@]}")
+given --temp || extra+=(--temp 0.7)
+given --top-p || extra+=(--top-p 0.8)
+if ! nvidia-smi >/dev/null 2>&1 && ! given --cpu; then
     echo "note: no NVIDIA GPU here: using the plain-C reference path (--cpu), one thread, fp32." \
          "It runs a Qwen3-0.6B Q4_0 at about 0.85 s per token on 2 cores: pick a model that small." >&2
     extra+=(--cpu)
 fi
-exec "$here/qwen" -m "$model" -p "$prompt" "${ctx[@]}" --temp 0.7 --top-p 0.8 "${extra[@]}" "$@"
+exec "$here/qwen" -m "$model" "${extra[@]}" "$@"

@@ -483,7 +483,8 @@ static int fz_replay_one(const char *target, int (*fn)(const uint8_t *, size_t),
     size_t size;
     char *data = read_file(path, &size);
     if (!data) { snprintf(why, cap, "cannot read it"); return 1; }
-    char err_path[] = "/tmp/qwen_fuzz_replay_XXXXXX";
+    char err_path[128]; // in the tests' temporary folder (test_qwen.cu)
+    snprintf(err_path, sizeof err_path, "%s/fuzz_replay_XXXXXX", TMP);
     int err_fd = mkstemp(err_path);
     if (err_fd < 0) { free(data); snprintf(why, cap, "mkstemp failed"); return 1; }
     unlink(err_path);

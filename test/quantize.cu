@@ -218,10 +218,10 @@ int main(int argc, char **argv) {
     put_pad(&h, align);
 
     // the data: each tensor converted row by row, then padded
-    FILE *fo = fopen(out, "wb");
-    if (!fo) die("cannot create '%s': %s", out, strerror(errno));
-    g_partial_file = out; // an error or a signal from here on deletes the incomplete file
+    // written to a temporary file beside OUT, renamed over it once complete (qwen.cu's
+    // output_open): an error or a signal from here on deletes it and leaves OUT as it was
     catch_fatal_signals();
+    FILE *fo = output_open("output", out);
     write_all(fo, h.p, h.n, out);
     static const uint8_t zeros[256] = {0};
     double t0 = now_sec();
@@ -261,8 +261,7 @@ int main(int argc, char **argv) {
             pad -= k;
         }
     }
-    if (fclose(fo) != 0) die("closing '%s' failed: %s", out, strerror(errno));
-    g_partial_file = NULL;
+    output_close(fo, "output", out);
     fprintf(stderr, "wrote %s: %s, %lld tensors, %.2f MiB (from %.2f MiB) in %.1f s\n", out,
             FTYPES[f].name, (long long)nt, (h.n + off) / 1048576.0, g.size / 1048576.0,
             now_sec() - t0);

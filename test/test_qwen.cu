@@ -37,6 +37,37 @@ static void model_open(Model *m, const char *path) {
 
 #include "gguf_write.h"
 
+// One temporary folder, TMP, holds every file the tests write. It is made at the start and
+// removed at the exit and on a signal that ends the run (Ctrl-C during make test, a kill), so
+// that no test file is left in /tmp. Only the process that made it removes it: a forked child
+// that exits (a fuzz replay) leaves it alone.
+static char TMP[64] = "";
+static pid_t tmp_owner = 0;
+// rm -rf TMP through fork and exec, which a signal handler may call (opendir and free may not)
+static void tmp_remove(void) {
+    if (!TMP[0] || getpid() != tmp_owner) return;
+    pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/rm", "rm", "-rf", TMP, (char *)NULL);
+        _exit(127);
+    }
+    if (pid > 0) waitpid(pid, NULL, 0);
+}
+static void tmp_on_signal(int sig) {
+    tmp_remove();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+static void tmp_make(void) {
+    snprintf(TMP, sizeof TMP, "/tmp/qwen_test_XXXXXX");
+    if (!mkdtemp(TMP)) die("test: cannot make a temporary folder in /tmp: %s", strerror(errno));
+    tmp_owner = getpid();
+    atexit(tmp_remove);
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        if (signal(sigs[i], SIG_IGN) != SIG_IGN) signal(sigs[i], tmp_on_signal);
+}
+
 static int n_pass = 0, n_fail = 0, n_skip = 0;
 static const char *DATA = "test/data";  // QWEN_TEST_DATA overrides
 static const char *QWEN = "./qwen";     // the CLI under test; QWEN_BIN overrides
@@ -449,8 +480,8 @@ static void test_gguf_reader(void) {
     memset(&g, 0, sizeof g);
     check(gguf_open(&g, "/nonexistent/model.gguf") != 0 && strstr(g.err, "cannot open"), "gguf: missing file is an error");
     check(gguf_open(&g, "/") != 0 && strstr(g.err, "is a directory"), "gguf: a directory is an error");
-    char ep[64];
-    snprintf(ep, sizeof ep, "/tmp/qwen_test_empty_%d.gguf", (int)getpid());
+    char ep[128];
+    snprintf(ep, sizeof ep, "%s/empty.gguf", TMP);
     write_file(ep, "", 0);
     memset(&g, 0, sizeof g);
     int erc = gguf_open(&g, ep);
@@ -1792,7 +1823,7 @@ static void test_cli(void) {
     if (!need_fixture(m, "cli tests (on tiny-qwen3-q4_0)")) return;
     static char out[1 << 16];
     char cmd[1024], tmp[256];
-    snprintf(tmp, sizeof tmp, "/tmp/qwen_test_%d", (int)getpid());
+    snprintf(tmp, sizeof tmp, "%s/cli", TMP);
 #define M "-m MODEL " // replaced by the fixture's path below
     struct { const char *what, *args, *expect; } cases[] = {
         {"missing model file", "-m /nonexistent.gguf --cpu --tokens 1", "cannot open"},
@@ -1975,7 +2006,7 @@ static void test_cli(void) {
         snprintf(c2, sizeof c2, "printf 'aaaa bbbb cccc dddd eeee\\nffff gggg hhhh iiii jjjj kkkk\\nmore\\n' | "
                  "%s --cpu -m %s --chat -c 40 -n 10 2>&1", QWEN, m);
         int rc = run_cmd(c2, out, sizeof out);
-        check(rc == 1 && strstr(out, "the context is full"), "cli: chat with a full context -> exit 1");
+        check(rc == 1 && strstr(out, "the context is full"), "cli: chat with a full context: the turns refused, exit 1");
         static char a1[8192], a2[8192];
         snprintf(c2, sizeof c2, "printf 'hello\\n' | %s --cpu -m %s --chat -n 3 --temp 0 2>&1 | grep 'prompt eval'", QWEN, m);
         int r1 = run_cmd(c2, a1, sizeof a1);
@@ -2115,7 +2146,7 @@ static void test_cli_user(void) {
     snprintf(txt, sizeof txt, "%s/greedy.jsonl", DATA);
     if (!need_fixture(m, "cli-user tests (on tiny-qwen3-q4_0)")) return;
     char dir[256], cmd[4096], mc[512], link[512], f[512];
-    snprintf(dir, sizeof dir, "/tmp/qwen_user_%d", (int)getpid());
+    snprintf(dir, sizeof dir, "%s/user", TMP);
     mkdir(dir, 0700);
     size_t len;
     char *model = read_file(m, &len);
@@ -2225,16 +2256,17 @@ static void test_cli_user(void) {
         run_cmd(cmd, out, sizeof out);
         check(strstr(out, "status=153") && access(f, F_OK) != 0, "cli-user: SIGXFSZ during --dump-logits: no partial file left, status 128+25");
         if (strstr(out, "status=153") == NULL) printf("     output: %.200s\n", out);
+        // (the rows go to the output's temporary file, .dump.f32.tmp-PID, until it is complete)
         snprintf(cmd, sizeof cmd, "exec 2>/dev/null; %s -m %s --cpu -f %s -n 0 --dump-logits %s >/dev/null & p=$!; "
-                 "while [ ! -s %s ] && kill -0 $p 2>/dev/null; do sleep 0.01; done; kill -TERM $p; wait $p; "
-                 "echo status=$?", QWEN, mc, txt, f, f);
+                 "while [ -z \"$(find %s -name '.*.tmp-*' -size +0c)\" ] && kill -0 $p 2>/dev/null; do sleep 0.01; done; "
+                 "kill -TERM $p; wait $p; echo status=$?", QWEN, mc, txt, f, dir);
         run_cmd(cmd, out, sizeof out);
         check(strstr(out, "status=143") && access(f, F_OK) != 0, "cli-user: SIGTERM during --dump-logits: no partial file left, status 128+15");
         if (strstr(out, "status=143") == NULL) printf("     output: %.200s\n", out);
         // a signal the caller ignores (nohup, trap '' HUP) stays ignored: the run goes on to the end
         snprintf(cmd, sizeof cmd, "exec 2>/dev/null; (trap '' HUP; exec %s -m %s --cpu -f %s -n 0 --dump-logits %s >/dev/null) & p=$!; "
-                 "while [ ! -s %s ] && kill -0 $p 2>/dev/null; do sleep 0.01; done; kill -HUP $p; wait $p; echo status=$?",
-                 QWEN, mc, txt, f, f);
+                 "while [ -z \"$(find %s -name '.*.tmp-*' -size +0c)\" ] && kill -0 $p 2>/dev/null; do sleep 0.01; done; "
+                 "kill -HUP $p; wait $p; echo status=$?", QWEN, mc, txt, f, dir);
         run_cmd(cmd, out, sizeof out);
         check(strstr(out, "status=0") && access(f, F_OK) == 0, "cli-user: SIGHUP ignored by the caller (nohup): the run finishes, exit 0");
         if (strstr(out, "status=0") == NULL) printf("     output: %.200s\n", out);
@@ -2339,7 +2371,7 @@ static void test_cli_user(void) {
     // a chat answer cut by -n says so
     snprintf(cmd, sizeof cmd, "printf 'hello\\n' | %s -m %s --cpu --chat -n 1 --temp 0 2>&1", QWEN, mc);
     rc = run_cmd(cmd, out, sizeof out);
-    check(rc == 0 && strstr(out, "reached -n 1 tokens"), "cli-user: a chat answer cut by -n says so");
+    check(rc == 0 && strstr(out, "reached -n 1 token:"), "cli-user: a chat answer cut by -n says so");
     // a vocabulary without the ChatML tokens cannot chat
     {   // the model copy with its <|im_start|> renamed, in place (the same length)
         char *copy = (char *)memcpy(xmalloc(len, "a test"), model, len), *at = NULL;
@@ -2359,6 +2391,416 @@ static void test_cli_user(void) {
     unlink(mc);
     rmdir(dir);
     free(model);
+}
+
+// What a new user tried (3), issue 51's rows 1-25 but the sampler's: each output written whole or
+// not at all and checked, stdout checked, each option once and in its mode, and every message
+// that suggests a fix suggesting a possible one. The row numbers are the issue's.
+static int file_is(const char *path, const char *want) { // the file holds exactly `want`
+    size_t n = 0;
+    char *s = read_file(path, &n);
+    int same = s && n == strlen(want) && !memcmp(s, want, n);
+    free(s);
+    return same;
+}
+static int no_tmp_left(const char *dir) { // no ".NAME.tmp-PID" file of an output in dir
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int clean = 1;
+    for (struct dirent *e = readdir(d); e; e = readdir(d)) clean &= !(e->d_name[0] == '.' && strstr(e->d_name, ".tmp-"));
+    closedir(d);
+    return clean;
+}
+static int same_files(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    char *x = read_file(a, &na), *y = read_file(b, &nb);
+    int same = x && y && na == nb && na > 0 && !memcmp(x, y, na);
+    free(x);
+    free(y);
+    return same;
+}
+
+// A job started with & by a non-interactive shell (popen's) has SIGINT ignored, and a signal
+// ignored on entry stays ignored (catch_fatal_signals): the checks that send SIGINT start their
+// job through `env --default-signal=INT`, as a terminal would run it.
+static void test_cli_user3(void) {
+    if (access(QWEN, X_OK) != 0) { check(0, "cli-user3: the qwen binary is built"); return; }
+    static char m[512], tm[512], sample[512], txt[512], out[1 << 16], cmd[8192];
+    snprintf(m, sizeof m, "%s/tiny-qwen3/tiny-qwen3-q4_0.gguf", DATA);
+    snprintf(tm, sizeof tm, "%s/trained/qwen3-q4_0.gguf", DATA);
+    snprintf(sample, sizeof sample, "%s/trained/sample.txt", DATA);
+    snprintf(txt, sizeof txt, "%s/greedy.jsonl", DATA);
+    if (!need_fixture(m, "cli-user3 tests (on tiny-qwen3-q4_0)")) return;
+    char dir[128], f[256], g[256], h[256], shorttxt[256];
+    snprintf(dir, sizeof dir, "%s/user3", TMP);
+    mkdir(dir, 0700);
+    snprintf(f, sizeof f, "%s/out.f32", dir);
+    snprintf(g, sizeof g, "%s/ref.f32", dir);
+    snprintf(h, sizeof h, "%s/other.f32", dir);
+    snprintf(shorttxt, sizeof shorttxt, "%s/short.txt", dir); // ~355 tokens: about 1 s on the CPU
+    {
+        size_t n = 0;
+        char *t = read_file(txt, &n);
+        write_file(shorttxt, t, n < 400 ? n : 400);
+        free(t);
+    }
+    int rc;
+
+    // --- 2. Outputs: a failed or interrupted write is never success and never costs the old file
+    // row 1: --kl-divergence-base FILE without --kl-divergence, FILE there: refused, both ways out
+    snprintf(g, sizeof g, "%s/base.kld", dir);
+    write_file(g, "old", 3);
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --perplexity -c 64 --chunks 1 -f %s --kl-divergence-base %s 2>&1", QWEN, m,
+             txt, g);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 1 && strstr(out, "--kl-divergence-base '") && strstr(out, "base.kld' exists: add --kl-divergence") &&
+          strstr(out, "remove it") && file_is(g, "old"),
+          "cli-user3 1: --kl-divergence-base over an existing file without --kl-divergence -> refused, both ways out named");
+    if (rc != 1) printf("     rc=%d output: %.300s\n", rc, out);
+    unlink(g);
+    snprintf(g, sizeof g, "%s/ref.f32", dir);
+    // row 2: a signal while --dump-logits rewrites a file: the old file stays, no temporary file
+    {
+        int good = 1;
+        const char *sigs[2] = {"INT", "TERM"};
+        for (int k = 0; k < 2; k++) {
+            write_file(f, "old", 3);
+            snprintf(cmd, sizeof cmd,
+                     "exec 2>/dev/null; env --default-signal=INT %s -m %s --cpu -f %s --dump-logits %s >/dev/null & p=$!; "
+                     "while [ \"$(cat %s)\" = old ] && ! ls -a %s | grep -q tmp- && kill -0 $p; do sleep 0.01; done; "
+                     "kill -%s $p; wait $p; echo status=$?", QWEN, m, txt, f, f, dir, sigs[k]);
+            run_cmd(cmd, out, sizeof out);
+            int ok = strstr(out, k ? "status=143" : "status=130") && file_is(f, "old") && no_tmp_left(dir);
+            if (!ok) printf("     SIG%s: %.200s\n", sigs[k], out);
+            good &= ok;
+        }
+        check(good, "cli-user3 2: SIGINT, SIGTERM while --dump-logits rewrites a file -> the old file intact, no temporary file");
+    }
+    // row 2: a write that fails (the file-size limit with SIGXFSZ ignored: EFBIG, as a full disk
+    // gives ENOSPC): exit 1 naming the file, the old --dump-logits and --diff-out files intact, no
+    // new --kl-divergence-base file, no temporary file
+    {
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens 9,8,7,6,5,4,3,2 --dump-logits %s 2>&1", QWEN, m, g);
+        int r0 = run_cmd(cmd, out, sizeof out);
+        char tsv[300], kld[300];
+        snprintf(tsv, sizeof tsv, "%s/t.tsv", dir);
+        snprintf(kld, sizeof kld, "%s/new.kld", dir);
+        const char *args[3] = {"-f SHORT --dump-logits OUT", "--tokens 9,8,7,6,5,4,3,2 --diff-logits REF --diff-out TSV",
+                               "--perplexity -c 64 --chunks 2 -f TXT --kl-divergence-base KLD"};
+        const char *file[3] = {f, tsv, kld};
+        int good = r0 == 0;
+        for (int k = 0; k < 3; k++) {
+            if (k < 2) write_file(file[k], "old", 3);
+            char a[1024];
+            snprintf(a, sizeof a, "%s", args[k]);
+            subst(a, sizeof a, "SHORT", shorttxt);
+            subst(a, sizeof a, "OUT", f);
+            subst(a, sizeof a, "REF", g);
+            subst(a, sizeof a, "TSV", tsv);
+            subst(a, sizeof a, "TXT", txt);
+            subst(a, sizeof a, "KLD", kld);
+            snprintf(cmd, sizeof cmd, "trap '' XFSZ; ulimit -f 0; %s -m %s --cpu %s >/dev/null 2>&1; echo status=$?",
+                     QWEN, m, a);
+            run_cmd(cmd, out, sizeof out);
+            int ok = strstr(out, "status=1") && (k < 2 ? file_is(file[k], "old") : access(kld, F_OK) != 0) && no_tmp_left(dir);
+            snprintf(cmd, sizeof cmd, "trap '' XFSZ; ulimit -f 0; %s -m %s --cpu %s 2>&1 >/dev/null", QWEN, m, a);
+            run_cmd(cmd, out, sizeof out);
+            ok &= strstr(out, "failed: File too large") != NULL;
+            if (!ok) printf("     %s: %.300s\n", args[k], out);
+            good &= ok;
+            unlink(file[k]);
+        }
+        check(good, "cli-user3 2: a failed write (EFBIG) of --dump-logits, --diff-out, --kl-divergence-base -> exit 1, "
+                    "the old file intact, no temporary file");
+    }
+    // row 3: stdout on a full device (/dev/full) or closed, in every mode -> one error line, exit 1
+    if (access("/dev/full", W_OK) == 0) {
+        const char *modes[] = {"--tokenize -p hi", "--detokenize 1,2", "--cpu -p hi -n 3", "--info", "--cpu --perplexity -c 64 --chunks 1 -f TXT",
+                               "--cpu --tokens 9,8,7,6,5,4,3,2 --diff-logits REF", "--cpu --chat -p hi -n 2", "--help", "--version"};
+        int good = 1;
+        for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++)
+            for (int closed = 0; closed < 2; closed++) {
+                char a[1024];
+                snprintf(a, sizeof a, "%s", modes[k]);
+                subst(a, sizeof a, "TXT", txt);
+                subst(a, sizeof a, "REF", g);
+                snprintf(cmd, sizeof cmd, "%s -m %s %s </dev/null 2>&1 %s", QWEN, m, a, closed ? ">&-" : ">/dev/full");
+                rc = run_cmd(cmd, out, sizeof out);
+                // >&- closes the pipe too here: the shell's 2>&1 made stderr the pipe first
+                int ok = rc == 1 && strstr(out, closed ? "error: writing standard output: it is closed"
+                                                       : "error: writing standard output: No space left on device");
+                if (!ok) printf("     %s %s: rc=%d output: %.300s\n", modes[k], closed ? ">&-" : ">/dev/full", rc, out);
+                good &= ok;
+            }
+        check(good, "cli-user3 3: stdout on /dev/full or closed, in 9 modes -> 'error: writing standard output: ...', exit 1");
+    } else {
+        skip("cli-user3 3: stdout on /dev/full", "no writable /dev/full");
+    }
+    // row 4: two runs writing the same --dump-logits file at once: the file is one run's, whole
+    {
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu -f %s --dump-logits %s >/dev/null 2>&1", QWEN, m, shorttxt, h);
+        int r0 = run_cmd(cmd, out, sizeof out);
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens 9,8,7 --dump-logits %s >/dev/null 2>&1", QWEN, m, g);
+        r0 |= run_cmd(cmd, out, sizeof out);
+        unlink(f);
+        snprintf(cmd, sizeof cmd,
+                 "exec 2>/dev/null; %s -m %s --cpu -f %s --dump-logits %s >/dev/null & a=$!; "
+                 "while [ ! -s %s ] && ! ls -a %s | grep -q tmp- && kill -0 $a; do sleep 0.01; done; sleep 0.1; "
+                 "%s -m %s --cpu --tokens 9,8,7 --dump-logits %s >/dev/null; echo b=$?; wait $a; echo a=$?",
+                 QWEN, m, shorttxt, f, f, dir, QWEN, m, f);
+        run_cmd(cmd, out, sizeof out);
+        int ok = r0 == 0 && strstr(out, "a=0") && strstr(out, "b=0") && (same_files(f, h) || same_files(f, g)) && no_tmp_left(dir);
+        if (!ok) printf("     %.200s\n", out);
+        check(ok, "cli-user3 4: two runs write one --dump-logits file at once -> the file is one run's whole file");
+        unlink(f);
+        unlink(h);
+    }
+    // row 5: the model truncated while a run reads it: a one-line error naming it, exit 1
+    {
+        size_t n = 0;
+        char *model = read_file(m, &n), bus[300];
+        snprintf(bus, sizeof bus, "%s/bus.gguf", dir);
+        write_file(bus, model, n);
+        free(model);
+        snprintf(cmd, sizeof cmd,
+                 "%s -m %s --cpu --perplexity -c 64 -f %s >/dev/null 2>%s/bus.err & p=$!; "
+                 "while ! grep -q 'perplexity:' %s/bus.err 2>/dev/null && kill -0 $p 2>/dev/null; do sleep 0.01; done; sleep 0.1; "
+                 "truncate -s 4096 %s; wait $p; echo status=$?; cat %s/bus.err",
+                 QWEN, bus, sample, dir, dir, bus, dir);
+        run_cmd(cmd, out, sizeof out);
+        char want[400];
+        snprintf(want, sizeof want, "error: '%s' was truncated or rewritten while this run read it", bus);
+        check(strstr(out, "status=1\n") && strstr(out, want), "cli-user3 5: the model truncated while mapped -> exit 1 naming the file, no SIGBUS");
+        if (!strstr(out, want)) printf("     %.300s\n", out);
+        unlink(bus);
+    }
+    // row 24: an output in a directory that does not exist
+    {
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu -p hi --dump-logits %s/newdir/ 2>&1", QWEN, m, dir);
+        rc = run_cmd(cmd, out, sizeof out);
+        int ok = rc == 1 && strstr(out, "newdir/': no such directory");
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu -p hi --dump-logits %s/newdir/f 2>&1", QWEN, m, dir);
+        int rc2 = run_cmd(cmd, out + strlen(out), sizeof out - strlen(out));
+        ok &= rc2 == 1 && strstr(out, "no such directory '") != NULL;
+        if (!ok) printf("     %.300s\n", out);
+        check(ok, "cli-user3 24: --dump-logits DIR/newdir/ and DIR/newdir/f -> 'no such directory'");
+    }
+
+    // --- 3. Options
+    // row 6: run.sh with flags alone: the default model with those flags
+    {
+        char cwd[1024];
+        if (getcwd(cwd, sizeof cwd)) {
+            snprintf(cmd, sizeof cmd, "cd %s && %s/run.sh --seed 2 -n 2 2>&1", dir, cwd);
+            rc = run_cmd(cmd, out, sizeof out);
+            check(rc == 0 && strstr(out, "seed 2\n") && strstr(out, "No model given"),
+                  "cli-user3 6: run.sh --seed 2 -n 2 -> the tiny trained model with those flags");
+            if (rc) printf("     rc=%d output: %.300s\n", rc, out);
+        }
+    }
+    // row 7: every option given twice is an error naming it; nothing is written
+    {
+        struct { const char *args, *want; } twice[] = {
+            {"-m MODEL -p a", "-m given twice"}, {"-p a -p b", "-p given twice"}, {"--cpu --cpu -p a", "--cpu given twice"},
+            {"-p a --dump-logits OUT --dump-logits OUT", "--dump-logits given twice"},
+            {"-f TXT --kl-divergence-base OUT --kl-divergence-base OUT", "--kl-divergence-base given twice"},
+            {"--tokens 1 --diff-logits REF --diff-out OUT --diff-out OUT", "--diff-out given twice"},
+            {"-p a --seed 1 -s 2", "--seed given twice (as --seed and -s)"}, {"-p a -n 1 --n-predict 2", "-n given twice (as -n and --n-predict)"},
+        };
+        int good = 1;
+        for (size_t k = 0; k < sizeof twice / sizeof twice[0]; k++) {
+            char a[1024];
+            snprintf(a, sizeof a, "%s", twice[k].args);
+            subst(a, sizeof a, "MODEL", m);
+            subst(a, sizeof a, "TXT", txt);
+            subst(a, sizeof a, "REF", g);
+            subst(a, sizeof a, "OUT", f);
+            subst(a, sizeof a, "OUT", f);
+            snprintf(cmd, sizeof cmd, "%s -m %s %s 2>&1", QWEN, m, a);
+            rc = run_cmd(cmd, out, sizeof out);
+            int ok = rc == 1 && strstr(out, twice[k].want) && access(f, F_OK) != 0;
+            if (!ok) printf("     %s: rc=%d output: %.300s\n", twice[k].args, rc, out);
+            good &= ok;
+            unlink(f);
+        }
+        check(good, "cli-user3 7: 8 options given twice -> exit 1 naming the option, nothing written");
+    }
+    // row 8: --seed -2 is llama.cpp's fixed seed 4294967294 (-1 alone is random); the help says so
+    {
+        static char a1[4096], a2[4096];
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens 1,2,3 -n 16 --temp 1.5 --seed -2 2>/dev/null", QWEN, m);
+        int r1 = run_cmd(cmd, a1, sizeof a1), r2 = run_cmd(cmd, a2, sizeof a2);
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens 1,2,3 -n 1 --seed -2 2>&1 >/dev/null", QWEN, m);
+        int r3 = run_cmd(cmd, out, sizeof out);
+        int seed_line = strstr(out, "seed 4294967294\n") != NULL;
+        snprintf(cmd, sizeof cmd, "%s --help", QWEN);
+        run_cmd(cmd, out, sizeof out);
+        check(r1 == 0 && r2 == 0 && r3 == 0 && seed_line && a1[0] && !strcmp(a1, a2) && strstr(out, "only -1 is random"),
+              "cli-user3 8: --seed -2 is the fixed seed 4294967294 (two runs, one text), as in llama.cpp; --help says so");
+    }
+    // row 9: a --dump-logits run generates nothing unless -n asks
+    {
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu -p hello --dump-logits %s 2>/dev/null", QWEN, m, f);
+        rc = run_cmd(cmd, out, sizeof out);
+        int ok = rc == 0 && !strcmp(out, "hello\n") && access(f, F_OK) == 0;
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu -p hello -n 3 --temp 0 --dump-logits %s 2>&1", QWEN, m, f);
+        rc = run_cmd(cmd, out, sizeof out);
+        ok &= rc == 0 && strstr(out, "eval time") && strstr(out, "/     2 runs");
+        check(ok, "cli-user3 9: --dump-logits -p hello: the prompt's logits and no generation; with -n 3: 3 tokens");
+        if (!ok) printf("     rc=%d output: %.300s\n", rc, out);
+        unlink(f);
+    }
+    // row 10: a stray positional argument
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu Hello 2>&1", QWEN, m);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 1 && strstr(out, "unexpected argument 'Hello' (a prompt goes after -p)"),
+          "cli-user3 10: -m M Hello -> 'unexpected argument 'Hello' (a prompt goes after -p)'");
+    // row 11: -f - reads standard input
+    {
+        static char a1[4096];
+        snprintf(cmd, sizeof cmd, "%s -m %s --tokenize -p 'Hello, world' 2>/dev/null", QWEN, m);
+        int r1 = run_cmd(cmd, a1, sizeof a1);
+        snprintf(cmd, sizeof cmd, "printf 'Hello, world' | %s -m %s --tokenize -f - 2>/dev/null", QWEN, m);
+        rc = run_cmd(cmd, out, sizeof out);
+        check(r1 == 0 && rc == 0 && a1[0] && !strcmp(a1, out), "cli-user3 11: -f - reads the prompt from standard input");
+    }
+    // row 12: --version: the build's commit (git describe), on stdout, exit 0
+    {
+        static char head[128];
+        int have_git = run_cmd("git rev-parse --short HEAD 2>/dev/null", head, sizeof head) == 0 && head[0];
+        head[strcspn(head, "\n")] = 0;
+        snprintf(cmd, sizeof cmd, "%s --version 2>/dev/null", QWEN);
+        rc = run_cmd(cmd, out, sizeof out);
+        check(rc == 0 && !strncmp(out, "qwen.cu ", 8) && (!have_git || strstr(out, head)),
+              "cli-user3 12: --version prints 'qwen.cu' and the build's commit, exit 0");
+        if (rc) printf("     rc=%d output: %.300s (HEAD %s)\n", rc, out, head);
+    }
+
+    // --- 4. Messages and behaviour
+    // row 13: a prompt longer than the model's own context: shorten it (no -c can help); one
+    // longer than a -c below the model's: raise -c to its length
+    if (need_fixture(tm, "cli-user3 13: the trained qwen3")) {
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu -f %s -c 4096 -n 1 2>&1", QWEN, tm, sample);
+        rc = run_cmd(cmd, out, sizeof out);
+        int ok = rc == 1 && strstr(out, "the prompt has 2549 tokens, more than the model's context of 512: shorten it");
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu -c 4 --tokens 1,2,3,4,5 2>&1", QWEN, m);
+        int rc2 = run_cmd(cmd, out + strlen(out), sizeof out - strlen(out));
+        ok &= rc2 == 1 && strstr(out, "the prompt has 5 tokens but the context is 4: raise -c to 5 or more") != NULL;
+        check(ok, "cli-user3 13: a prompt past the model's context -> 'shorten it'; past -c -> 'raise -c to N or more'");
+        if (!ok) printf("     %.400s\n", out);
+    }
+    // row 14: a chat turn longer than what is left is refused, and the chat goes on
+    {
+        snprintf(cmd, sizeof cmd, "printf 'hi\\naaaa bbbb cccc dddd eeee ffff gggg hhhh iiii jjjj kkkk llll mmmm nnnn\\nok\\n' | "
+                 "%s --cpu -m %s --chat -c 48 -n 4 --temp 0 2>&1", QWEN, m);
+        rc = run_cmd(cmd, out, sizeof out);
+        int toks = prompt_tokens(out);
+        check(rc == 1 && strstr(out, "error: this turn has ") && strstr(out, "left: it was not read (a shorter turn fits") &&
+              toks > 0 && strstr(out, "[the answer reached -n 4 tokens") && strstr(strstr(out, "not read"), "[the answer reached"),
+              "cli-user3 14: a chat turn longer than what is left -> refused with its length and what is left; the next turn is answered");
+        if (rc != 1) printf("     rc=%d output: %.500s\n", rc, out);
+    }
+    // row 15: --info --vram-limit without a GPU: the verdict against the limit, and what would fit
+    {
+        snprintf(cmd, sizeof cmd, "%s -m %s --info --vram-limit 15.5G 2>&1", QWEN, m);
+        rc = run_cmd(cmd, out, sizeof out);
+        int ok = rc == 0 && strstr(out, ": fits");
+        snprintf(cmd, sizeof cmd, "%s -m %s --info --vram-limit 10M 2>&1", QWEN, m);
+        int rc2 = run_cmd(cmd, out, sizeof out);
+        ok &= rc2 == 0 && strstr(out, "DOES NOT FIT") && strstr(out, "hint: ") != NULL;
+        check(ok, "cli-user3 15: --info --vram-limit 15.5G -> fits; 10M -> DOES NOT FIT with the hints (any machine)");
+        if (!ok) printf("     rc=%d output: %.400s\n", rc2, out);
+    }
+    // row 16: --bench passes the VRAM budget first, --vram-limit honoured
+    snprintf(cmd, sizeof cmd, "%s -m %s --bench --vram-limit 10M 2>&1", QWEN, m);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 1 && strstr(out, "VRAM budget for -c 4096") && strstr(out, "DOES NOT FIT"),
+          "cli-user3 16: --bench --vram-limit 10M -> the budget at the bench's context, refused");
+    if (rc != 1) printf("     rc=%d output: %.300s\n", rc, out);
+    // the same family: the budget's -c hint only where the run can take that context (--bench's
+    // is at least 2049), and no hint of --tokens for a chat (which reads no ids)
+    {
+        snprintf(cmd, sizeof cmd, "%s -m %s --bench --vram-limit 90M 2>&1", QWEN, m);
+        rc = run_cmd(cmd, out, sizeof out);
+        const char *hc = strstr(out, "largest context that fits is -c ");
+        int ok = rc == 1 && strstr(out, "hint: ") && (!hc || atoi(hc + 33) >= 2049);
+        size_t n = 0;
+        char *copy = read_file(m, &n), *at = NULL, nt[300];
+        for (size_t i = 0; copy && i + 21 <= n && !at; i++)
+            if (!memcmp(copy + i, "tokenizer.ggml.tokens", 21)) at = copy + i;
+        if (at) at[20] = 'z'; // the key renamed: no tokenizer
+        snprintf(nt, sizeof nt, "%s/notok.gguf", dir);
+        write_file(nt, copy, n);
+        free(copy);
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --chat -p hi 2>&1", QWEN, nt);
+        int rc2 = run_cmd(cmd, out + strlen(out), sizeof out - strlen(out));
+        ok &= at && rc2 == 1 && strstr(out, "--chat needs the file's tokenizer") && !strstr(out, "with --tokens");
+        check(ok, "cli-user3: a fix a message suggests is possible: --bench's -c hint >= 2049; no --tokens for a chat");
+        if (!ok) printf("     rc=%d,%d output: %.500s\n", rc, rc2, out);
+        unlink(nt);
+    }
+    // row 20, 21: --perplexity of 10 scored tokens or fewer: no error estimate ("n/a"); "1 chunk"
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --perplexity -c 8 --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16 2>&1", QWEN, m);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 0 && strstr(out, "+/- n/a   (6 scored tokens"), "cli-user3 20: --perplexity scoring 6 tokens -> PPL +/- n/a");
+    if (rc) printf("     rc=%d output: %.300s\n", rc, out);
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --perplexity -c 64 --chunks 1 -f %s 2>&1", QWEN, m, txt);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 0 && strstr(out, "perplexity: 1 chunk of 64 tokens\n"), "cli-user3 21: one chunk -> '1 chunk'");
+    // row 22: -n cuts a chat answer inside a UTF-8 sequence: the held bytes (U+FFFD) come before
+    // the notice. A near-uniform draw finds a seed whose one token is a lone lead byte.
+    {
+        int seed = 0, ok = 0;
+        for (int s = 1; s <= 200 && !seed; s++) {
+            snprintf(cmd, sizeof cmd, "printf 'hello\\n' | %s -m %s --cpu --chat -n 1 --temp 50 --top-k 0 --top-p 1 --min-p 0 "
+                     "--seed %d 2>&1", QWEN, m, s);
+            rc = run_cmd(cmd, out, sizeof out);
+            const char *fffd = strstr(out, "\xef\xbf\xbd"), *notice = strstr(out, "[the answer reached -n 1 token");
+            if (rc == 0 && fffd && notice) seed = s, ok = fffd < notice;
+        }
+        check(seed && ok, "cli-user3 22: -n cuts a chat answer inside a UTF-8 sequence -> U+FFFD before the -n notice");
+        if (!ok) printf("     seed %d: %.300s\n", seed, out);
+    }
+    // row 23: Ctrl-C during a chat answer stops it and the chat goes on (the next turn is answered,
+    // the timing lines follow, exit 0). The first turn is long (~600 tokens, a few seconds of the
+    // CPU path), so that SIGINT lands while it is read; the answer then stops before its first token.
+    {
+        char fifo[300], long_turn[4000] = "";
+        snprintf(fifo, sizeof fifo, "%s/chat.fifo", dir);
+        mkfifo(fifo, 0600);
+        for (int k = 0; k < 300; k++) strcat(long_turn, "ab ");
+        snprintf(cmd, sizeof cmd,
+                 "env --default-signal=INT %s -m %s --cpu --chat -c 2048 -n 4 --temp 0 <%s >%s/chat.out 2>%s/chat.err & "
+                 "p=$!; exec 3>%s; "
+                 "printf '%s\\n' >&3; while ! grep -q 'sampling:' %s/chat.err && kill -0 $p 2>/dev/null; do sleep 0.01; done; "
+                 "sleep 0.3; kill -INT $p; sleep 0.3; printf 'hello\\n' >&3; exec 3>&-; wait $p; echo status=$?; cat %s/chat.err",
+                 QWEN, m, fifo, dir, dir, fifo, long_turn, dir, dir);
+        run_cmd(cmd, out, sizeof out);
+        check(strstr(out, "status=0") && strstr(out, "[stopped: Ctrl-C]") && strstr(out, "[the answer reached -n 4 tokens") &&
+              strstr(out, "prompt eval time"),
+              "cli-user3 23: Ctrl-C during a chat answer stops it; the next turn is answered, exit 0");
+        if (!strstr(out, "status=0")) printf("     %.400s\n", out);
+        unlink(fifo);
+    }
+    // row 25: the tests' temporary folder is removed on a signal (this binary, waiting in it)
+    {
+        static char self[1024];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        self[n > 0 ? n : 0] = 0;
+        int good = n > 0;
+        const char *sigs[2] = {"INT", "TERM"};
+        for (int k = 0; k < 2 && good; k++) {
+            snprintf(cmd, sizeof cmd, "exec 2>/dev/null; rm -f %s/wait.out; QWEN_TEST_TMP_WAIT=1 env --default-signal=INT %s >%s/wait.out 2>/dev/null & p=$!; "
+                     "while [ ! -s %s/wait.out ] && kill -0 $p; do sleep 0.01; done; d=$(cat %s/wait.out); "
+                     "test -f $d/waiting && echo made; kill -%s $p; wait $p; test -e $d || echo removed",
+                     dir, self, dir, dir, dir, sigs[k]);
+            run_cmd(cmd, out, sizeof out);
+            good &= strstr(out, "made") && strstr(out, "removed");
+        }
+        check(good, "cli-user3 25: the tests' one temporary folder is removed on SIGINT and SIGTERM");
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
 }
 
 // A .npy file: header dict with descr and shape (e.g. "'<f4'", "(16, 1024)"), then n bytes of data.
@@ -2385,7 +2827,7 @@ static void test_diff_logits(void) {
     static char out[1 << 16];
     snprintf(m, sizeof m, "%s/tiny-qwen3/tiny-qwen3-q4_0.gguf", DATA);
     if (!need_fixture(m, "diff-logits tests (on tiny-qwen3-q4_0)")) return;
-    snprintf(dir, sizeof dir, "/tmp/qwen_diff_%d", (int)getpid());
+    snprintf(dir, sizeof dir, "%s/diff", TMP);
     mkdir(dir, 0700);
     snprintf(ref, sizeof ref, "%s/ours.f32", dir);
     snprintf(f, sizeof f, "%s/theirs", dir);
@@ -2406,8 +2848,9 @@ static void test_diff_logits(void) {
     int lines = 0;
     for (size_t i = 0; tsv && i < tl; i++) lines += tsv[i] == '\n';
     check(rc == 0 && strstr(out, "KL(ours || theirs): mean 0, max 0") && strstr(out, "24 of 24") &&
-          strstr(out, "result: PASS") && strstr(out, ": flat (") && lines == T + 1,
-          "diff-logits: a file qwen.cu wrote itself gives KL 0 and exit 0; --diff-out has every position");
+          strstr(out, "result: PASS") && strstr(out, "last / first n/a (the first quarter's KL is 0)\n") &&
+          lines == T + 1,
+          "diff-logits: a file qwen.cu wrote itself gives KL 0, exit 0, the ratio n/a and no diagnosis; --diff-out has every position");
     if (rc != 0 || !strstr(out, "mean 0, max 0")) printf("     rc=%d output: %.400s\n", rc, out);
     free(tsv);
     unlink(out_tsv);
@@ -2421,17 +2864,58 @@ static void test_diff_logits(void) {
           strstr(out, "at position 13") && strstr(out, "result: FAIL"),
           "diff-logits: one position perturbed is found at that position, exit 1");
     if (rc != 1) printf("     rc=%d output: %.400s\n", rc, out);
-    // an error that grows with the position shows as a trend; a flat one as flat
-    for (int pass = 0; pass < 2; pass++) {
+    // an error that grows with the position shows as a trend; a flat one as flat; both only when
+    // the comparison fails: within --diff-max-kl there is no diagnosis (issue 51, row 17)
+    for (int pass = 0; pass < 3; pass++) {
         for (int t = 0; t < T; t++)
             for (int k = 0; k < V; k++)
-                x[(size_t)t * V + k] = ours[(size_t)t * V + k] + (pass ? 0.05f : 0.01f * t) * (float)((k * 37) % 11 - 5);
+                x[(size_t)t * V + k] = ours[(size_t)t * V + k] + (pass == 1 ? 0.05f : 0.01f * t) * (float)((k * 37) % 11 - 5);
         write_file(f, x, (size_t)T * V * 4);
-        rc = DIFF(f, "--diff-max-kl 10");
-        check(rc == 0 && strstr(out, pass ? "flat (the way" : "it grows with the position"),
-              pass ? "diff-logits: a flat error is called flat (exit 0 under --diff-max-kl 10)"
-                   : "diff-logits: logits that drift with the position show the trend");
-        if (rc != 0) printf("     rc=%d output: %.400s\n", rc, out);
+        rc = DIFF(f, pass == 2 ? "--diff-max-kl 10" : "");
+        const char *name[3] = {"diff-logits: logits that drift with the position show the trend (exit 1)",
+                               "diff-logits: a flat error is called flat (exit 1)",
+                               "diff-logits: 17: the same drift within --diff-max-kl 10 -> exit 0 and no diagnosis"};
+        int ok = pass == 2 ? rc == 0 && strstr(out, "result: PASS") && !strstr(out, "grows") && !strstr(out, "flat")
+                           : rc == 1 && strstr(out, pass ? ": flat (the way" : ": it grows with the position");
+        check(ok, name[pass]);
+        if (!ok) printf("     rc=%d output: %.400s\n", rc, out);
+    }
+    // another model's logits (far over the threshold, flat): no diagnosis that calls it benign
+    {
+        uint64_t r = 7;
+        for (size_t i = 0; i < (size_t)T * V; i++) x[i] = 8.0f * rng_f32(&r);
+        write_file(f, x, (size_t)T * V * 4);
+        rc = DIFF(f, "");
+        int ok = rc == 1 && !strstr(out, "the way quantization") && strstr(out, "another model, other weights or other tokens?");
+        check(ok, "diff-logits: 17: another model's logits (mean KL far over) -> no benign diagnosis");
+        if (!ok) printf("     rc=%d output: %.600s\n", rc, out);
+    }
+    // a transposed .npy, and big-endian raw float32: the likely cause named (issue 51, row 18);
+    // a structured dtype: its whole descr (row 19)
+    {
+        float *tr = (float *)xmalloc((size_t)T * V * 4, "a test");
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < V; k++) tr[(size_t)k * T + t] = ours[(size_t)t * V + k];
+        write_npy(f, "'<f4'", "False", "(1024, 24)", tr, (size_t)T * V * 4);
+        rc = DIFF(f, "");
+        int ok = rc == 1 && strstr(out, "has the shape (1024, 24): transposed?");
+        uint8_t *be = (uint8_t *)tr;
+        for (size_t i = 0; i < (size_t)T * V; i++) {
+            const uint8_t *s = (const uint8_t *)&ours[i];
+            uint8_t *d = be + 4 * i;
+            d[0] = s[3], d[1] = s[2], d[2] = s[1], d[3] = s[0];
+        }
+        write_file(f, be, (size_t)T * V * 4);
+        rc = DIFF(f, "");
+        ok &= rc == 1 && strstr(out, "(big-endian?") != NULL;
+        check(ok, "diff-logits: 18: a transposed .npy -> 'transposed?'; big-endian raw float32 -> 'big-endian?'");
+        if (!ok) printf("     rc=%d output: %.300s\n", rc, out);
+        write_npy(f, "[('x', '<f4'), ('y', '<f4')]", "False", "(24, 512)", ours, (size_t)T * V * 4);
+        rc = DIFF(f, "");
+        check(rc == 1 && strstr(out, "dtype [('x', '<f4'), ('y', '<f4')]: a structured dtype"),
+              "diff-logits: 19: a structured dtype -> the whole descr in the message");
+        if (rc != 1 || !strstr(out, "structured")) printf("     rc=%d output: %.300s\n", rc, out);
+        free(tr);
     }
     // 6 tokens, the last one perturbed: the last quarter holds it (no position is dropped)
     for (int k = 0; k < V; k++) x[k] = ours[(size_t)5 * V + k] + (k % 5) * 0.4f;
@@ -2517,7 +3001,7 @@ static void test_diff_logits(void) {
         snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-logits %s --diff-out /nonexistent/t.tsv 2>&1", QWEN, m,
                  ids, ref);
         rc = run_cmd(cmd, out, sizeof out);
-        check(rc == 1 && strstr(out, "cannot write '/nonexistent/t.tsv'") && !strstr(out, "diff-logits:"),
+        check(rc == 1 && strstr(out, "--diff-out '/nonexistent/t.tsv': no such directory") && !strstr(out, "diff-logits:"),
               "diff-logits: an unwritable --diff-out is an error before any work");
         // an output that is one of the inputs
         snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-logits %s --diff-out %s 2>&1", QWEN, m, ids, ref, ref);
@@ -3002,7 +3486,7 @@ static void test_perplexity(void) {
     const Seq *seq = NULL;
     for (int i = 0; i < n_seqs; i++) if (!strcmp(SEQS[i].name, "long")) seq = &SEQS[i];
     if (!seq) { check(0, "perplexity: seq-long present"); return; }
-    snprintf(base, sizeof base, "/tmp/qwen_test_base_%d.kld", (int)getpid());
+    snprintf(base, sizeof base, "%s/base.kld", TMP);
     const int n_ctx = 256; // one chunk: the scored positions 128..254 are rows of the reference files
     Model mf, mq;
     model_open(&mf, f32p);
@@ -3238,6 +3722,16 @@ static void test_budget(void) {
         snprintf(name, sizeof name, "budget %s: the refusal names the sizes, the largest -c and the bits/weight", models[mi]);
         check(strstr(msg, "DOES NOT FIT") && strstr(msg, "largest context that fits is -c") && strstr(msg, "bits/weight") &&
               h.bpw > 3 && h.bpw_fit < h.bpw, name);
+        // a card too small for the rest of the budget alone: no quantization can fit, and the
+        // hint says so instead of asking for a bits/weight of 0 or less (issue 51, its family of
+        // messages that suggest a fix)
+        Budget tiny = b;
+        tiny.card_free = (budget_need(&b) - b.weights) / 2;
+        f = fmemopen(msg, sizeof msg, "w");
+        budget_refusal(&tiny, &m, n_ctx, 0, f);
+        fclose(f);
+        snprintf(name, sizeof name, "budget %s: a card too small for any quantization -> the hint says so, no impossible bits/weight", models[mi]);
+        check(strstr(msg, "no quantization of this model fits") && !strstr(msg, "at most 0.00") && !strstr(msg, "at most -"), name);
         gguf_close(&m.gguf);
     }
     check(parse_size("15.5G") == 15.5 * 1073741824.0 && parse_size("900MiB") == 900.0 * 1048576 && parse_size("1x") < 0 &&
@@ -4408,6 +4902,18 @@ int main(int argc, char **argv) {
     // models, which a run on the CPU machine has made
     int gpu_only = getenv("QWEN_TEST_GPU_ONLY") && atoi(getenv("QWEN_TEST_GPU_ONLY"));
     g_verbose = 0;
+    tmp_make();
+    // QWEN_TEST_TMP_WAIT=1: the check of TMP's removal on a signal (test_cli_user3) runs this
+    // binary so; it makes TMP, puts a file in it, prints its name and waits for the signal
+    if (getenv("QWEN_TEST_TMP_WAIT") && atoi(getenv("QWEN_TEST_TMP_WAIT"))) {
+        char f[128];
+        snprintf(f, sizeof f, "%s/waiting", TMP);
+        write_file(f, "x", 1);
+        printf("%s\n", TMP);
+        fflush(stdout);
+        for (int i = 0; i < 600; i++) sleep(1);
+        return 1;
+    }
     test_fuzz_replays(); // first: its children are forked, and CUDA does not survive a fork
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     int gpu = HAVE_GPU = gpu_available();
@@ -4439,6 +4945,7 @@ int main(int argc, char **argv) {
     test_tokenizer();
     test_cli();
     test_cli_user();
+    test_cli_user3();
     test_diff_logits();
     test_budget();
     test_perplexity();

@@ -94,7 +94,7 @@ static void test_trained_cpu(const char *arch, const char *dir, const char *samp
     // the same pass writes the KL-divergence base of the quantized files
     int n_ctx = 256, n_chunk = n_sample / n_ctx;
     char base[300];
-    snprintf(base, sizeof base, "/tmp/qwen_trained_%s_%d.kld", arch, (int)getpid());
+    snprintf(base, sizeof base, "%s/trained_%s.kld", TMP, arch);
     FILE *bf = fopen(base, "wb");
     if (!bf) die("test: cannot write %s", base);
     engine_init(&e, &m, 0, n_ctx);
@@ -114,7 +114,7 @@ static void test_trained_cpu(const char *arch, const char *dir, const char *samp
     double kld[3] = {NAN, NAN, NAN};
     for (int t = 0; t < 3; t++) {
         char made[400], committed[600], cmd[1600];
-        snprintf(made, sizeof made, "/tmp/qwen_trained_%s_%d-%s.gguf", arch, (int)getpid(), types[t]);
+        snprintf(made, sizeof made, "%s/trained_%s-%s.gguf", TMP, arch, types[t]);
         snprintf(committed, sizeof committed, "%s/%s-%s.gguf", dir, arch, types[t]);
         snprintf(cmd, sizeof cmd, "%s %s %s %s >/dev/null 2>&1", QUANTIZE, f16, made, types[t]);
         int rc = system(cmd);
