@@ -143,7 +143,7 @@ SANFLAGS = $(filter-out -O%,$(NVFLAGS)) -O1 -g -Xcompiler -fno-omit-frame-pointe
 	-Xcompiler -fsanitize=address -Xcompiler -fsanitize=undefined
 FUZZ_S ?= 60
 
-qwen-san: qwen.cu tokenizer.c unicode_tables.h .version
+qwen-san: qwen.cu tokenizer.c unicode_tables.h .version$(SUFFIX)
 	$(NVCC_RUN) $(SANFLAGS) -DQWEN_VERSION='"$(QWEN_VERSION)"' -o $@ qwen.cu $(LDLIBS)
 
 test/test_qwen-san: test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \

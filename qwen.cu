@@ -35,7 +35,9 @@
 //                              KL-divergence files, the command line and its modes
 //
 // A first reading skips every block whose first comment line starts "Speed:" (a whole section or
-// subsection when that line follows its title) and still has a complete, correct engine to read.
+// subsection when that line follows its title) and still has a complete, correct engine to read
+// for the float types and the four quantized types of 6.4; 6.4b gives six more types the same
+// machinery, one sub_load and sub_dot each.
 //
 // The path of one generated token: main -> mode_generate -> gen_feed (the prompt) -> engine_eval
 // -> gpu_prompt_batches -> forward_gpu_batch, which runs the prompt's tokens through each layer
@@ -186,11 +188,13 @@ static void on_bus_error(int sig, siginfo_t *si, void *uctx) {
     signal(sig, SIG_DFL); // not a mapped file: the fault repeats with the default action
 }
 
+// The signals that end a run through on_fatal_signal.
+static const int FATAL_SIGNALS[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ};
+#define N_FATAL_SIGNALS (sizeof FATAL_SIGNALS / sizeof FATAL_SIGNALS[0])
 // A signal the caller ignores (nohup, a script's background job) stays ignored.
 static void catch_fatal_signals(void) {
-    const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGXFSZ};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-        if (signal(sigs[i], SIG_IGN) != SIG_IGN) signal(sigs[i], on_fatal_signal);
+    for (size_t i = 0; i < N_FATAL_SIGNALS; i++)
+        if (signal(FATAL_SIGNALS[i], SIG_IGN) != SIG_IGN) signal(FATAL_SIGNALS[i], on_fatal_signal);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_bus_error;
@@ -203,22 +207,30 @@ static void catch_fatal_signals(void) {
 // written to a temporary file beside it, ".NAME.tmp-PID", and renamed over NAME when it is
 // complete and every write has succeeded. rename within a directory is atomic: every reader sees
 // the old file or the new one whole, never a part (two runs writing the same name at once: the
-// file is one run's). A device or a FIFO (/dev/stdout, a pipe) is written directly.
+// file is one run's). A device or a FIFO (a pipe), and the file this run's standard output goes
+// to (/dev/stdout redirected to a file), are written directly. A run killed by SIGKILL (the
+// kernel's out-of-memory killer) cannot delete its temporary file: it stays, hidden, beside NAME.
 static char g_partial_buf[PATH_MAX + 64]; // the temporary file's name (g_partial_file)
 static char g_target_buf[PATH_MAX];       // the file it will replace, links resolved
 
 // Where output `path` (given as option `opt`) will be written: 1 with the file it replaces, links
-// resolved, in target and its directory in dir; 0 for a device or a FIFO, written in place. Exits
-// naming the option when the path cannot be a file: a directory, a missing directory.
+// resolved, in target and its directory in dir; 0 for a device, a FIFO or standard output's own
+// file, written in place (renaming over the latter would cut off what the run prints after it).
+// Exits naming the option when the path cannot be a file: a directory, a missing directory, a
+// name longer than a path can be.
 static int output_target(const char *opt, const char *path, char *target, char *dir, size_t cap) {
-    struct stat st;
+    struct stat st, out;
     int exists = stat(path, &st) == 0;
     if (exists && S_ISDIR(st.st_mode)) die("%s '%s' is a directory: give a file name", opt, path);
     if (exists && !S_ISREG(st.st_mode)) return 0;
+    if (exists && fstat(STDOUT_FILENO, &out) == 0 && out.st_dev == st.st_dev &&
+        out.st_ino == st.st_ino)
+        return 0;
     size_t n = strlen(path);
     if (n == 0 || path[n - 1] == '/')
         die("%s '%s': no such directory (and a file name does not end with '/')", opt, path);
-    if (n >= cap || !(exists && realpath(path, target))) snprintf(target, cap, "%s", path);
+    if (n >= cap) die("%s: a name of %zu bytes, longer than a path can be", opt, n);
+    if (!(exists && realpath(path, target))) snprintf(target, cap, "%s", path);
     const char *slash = strrchr(target, '/');
     if (!slash) snprintf(dir, cap, ".");
     else if (slash == target) snprintf(dir, cap, "/");
@@ -239,14 +251,22 @@ static FILE *output_open(const char *opt, const char *path) {
     }
     const char *slash = strrchr(g_target_buf, '/'), *name = slash ? slash + 1 : g_target_buf;
     int fd = -1;
+    // The fatal signals wait while a name is tried: the handlers delete g_partial_file, which must
+    // name the file this run created, from the moment it exists (not another run's leftover).
+    sigset_t fatal, saved;
+    sigemptyset(&fatal);
+    for (size_t i = 0; i < N_FATAL_SIGNALS; i++) sigaddset(&fatal, FATAL_SIGNALS[i]);
     for (int k = 0; fd < 0 && k < 100; k++) { // a name left by a killed run is not reused
         if (k == 0) snprintf(g_partial_buf, sizeof g_partial_buf, "%s/.%s.tmp-%d", dir, name,
                              (int)getpid());
         else snprintf(g_partial_buf, sizeof g_partial_buf, "%s/.%s.tmp-%d-%d", dir, name,
                       (int)getpid(), k);
-        g_partial_file = g_partial_buf; // before the open: a signal in between leaves no file
+        sigprocmask(SIG_BLOCK, &fatal, &saved);
         fd = open(g_partial_buf, O_WRONLY | O_CREAT | O_EXCL, 0666);
-        if (fd < 0) g_partial_file = NULL;
+        int err = errno;
+        if (fd >= 0) g_partial_file = g_partial_buf;
+        sigprocmask(SIG_SETMASK, &saved, NULL);
+        errno = err;
         if (fd < 0 && errno != EEXIST)
             die("cannot write %s '%s' (a temporary file in '%s'): %s", opt, path, dir,
                 strerror(errno));
@@ -2039,7 +2059,8 @@ __device__ void quantize_block_warp(float v, XQ xq, int b, int nb) {
 // number of a 32-weight sub-block in the tensor (g = row * n_in/32 + k row by row), NB sub-blocks
 // in all:
 //
-//   every type  qs plane (NB x 16 B): byte j = element j (low nibble) | element j+16 (high)
+//   every type  qs plane (NB x 16 B; Q8_0's, in 6.4b, is NB x 32 B): byte j = element j (low
+//               nibble) | element j+16 (high)
 //   Q4_0        d plane  (NB x fp16)
 //   IQ4_XS      qs plane instead: word k holds the 4-bit codes (iq4_code), lowest bits first, of
 //               elements 4k..4k+3 then 16+4k..16+4k+3 (the order iq4_lookup8 decodes them in);
@@ -2292,7 +2313,7 @@ __device__ __forceinline__ void nibbles(int w, int *lo, int *hi) {
 
 // The dot runs in two steps, so that a thread can put the loads of all its rows in flight before it
 // waits for any of them:
-//   sub_load<TYPE>(W, g, NB) -> WSub   the sub-block's bytes: 16 of quants, then scales, high bits
+//   sub_load<TYPE>(W, g, NB) -> WSub   the sub-block's bytes: its quants, then scales, high bits
 //   sub_dot<TYPE>(w, sub, x, lut)      sum_{e<32} w[e] * x^[e], from registers (sub = g % 8, the
 //                                      sub-block's place in its 256-weight super-block)
 typedef struct {
@@ -2437,6 +2458,17 @@ __device__ __forceinline__ float sub_dot<GGML_TYPE_IQ4_XS>(const WSub &w, int ib
 // Spread 4 bits t (bit i = 5th bit of element i) to bit 4 of bytes 0..3:
 // t * (1 + 2^7 + 2^14 + 2^21) << 4 puts bit i at 8i + 4 with no carries between the copies.
 __device__ __forceinline__ int spread4_bit4(int t) { return (t * 0x02040810) & 0x10101010; }
+// The 5-bit values of a sub-block (Q5_K, Q5_0, Q5_1) as int8 lanes: the nibbles of q (as nibbles)
+// and the 32 5th bits e (bit i: element i) at bit 4
+__device__ __forceinline__ void q5_values(const int4 &q, int e, int *lo, int *hi) {
+    const int *qw = (const int *)&q;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        nibbles(qw[k], &lo[k], &hi[k]);
+        lo[k] |= spread4_bit4((e >> (4 * k)) & 0xf);
+        hi[k] |= spread4_bit4((e >> (16 + 4 * k)) & 0xf);
+    }
+}
 
 // Q5_K: w = d * sc * q5 - dmin * m   ->   s * (d * sc * sum q5*X - dmin * m * sum X)
 // h = the super-block header (d | dmin << 16, scales[0..3], [4..7], [8..11]), e = the 32 5th bits
@@ -2462,6 +2494,8 @@ __device__ __forceinline__ float sub_dot<GGML_TYPE_Q5_K>(const WSub &w, int sub,
                                                          const Iq4Lut &) {
     int scale, mn;
     k_scale_min_words(sub, w.h.y, w.h.z, w.h.w, &scale, &mn);
+    // q5_values written out, so that the Q5_K decode kernels stay the compiled code that
+    // test/PERF_NOTES.md measured (called as a function, the same operations compile otherwise)
     const int *qw = (const int *)&w.q;
     int lo[4], hi[4];
 #pragma unroll
@@ -2520,10 +2554,12 @@ __device__ __forceinline__ XBlock load_xblock(const XQ &xq, int u, int nb) {
 }
 
 // --- 6.4b the other fast types: Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K ----------------------------
-// Speed: without this subsection these six types run the simple mat-vec (6.1) and the prefill's
-// fp16 copy of their rows, at a seventh of the bandwidth (test/PERF_NOTES.md,
-// "Fast types for the files people download"). It gives them planes and sub_load / sub_dot like
-// the four above, so every fast kernel runs them; their values are the same, dequant_unit's.
+// Speed: the six other quantized types get what the four above have: planes, sub_load and sub_dot,
+// so that every fast kernel and the prefill's product run them. The simple mat-vec (6.1) computes
+// the same values from the file's layout (dequant_unit is their definition) at a seventh of the
+// bandwidth (test/PERF_NOTES.md, "Fast types for the files people download"), but the engine
+// keeps no such path for them: without this subsection these six types do not run on the GPU. A
+// first reading takes the four types of 6.4 as the model of these.
 // Planes (6.3's notation), the qs plane as the file's qs unless said:
 //   Q4_1        dm plane (NB x 4 B): d | m << 16 (fp16 each)
 //   Q5_0        qh plane (NB x 4 B): the file's qh, bit e = 5th bit of element e;
@@ -2584,16 +2620,6 @@ __device__ __forceinline__ float sub_dot<GGML_TYPE_Q4_1>(const WSub &w, int, con
     for (int k = 0; k < 4; k++) nibbles(qw[k], &lo[k], &hi[k]);
     float2 dm = __half22float2(*(const __half2 *)&w.e);
     return x.s * (dm.x * (float)dot_q_x(lo, hi, x) + dm.y * (float)x.sum);
-}
-// Q5_0 and Q5_1: the nibbles and the 5th bits (e) to 5-bit values, as Q5_K's sub_dot does
-__device__ __forceinline__ void q5_values(const int4 &q, int e, int *lo, int *hi) {
-    const int *qw = (const int *)&q;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        nibbles(qw[k], &lo[k], &hi[k]);
-        lo[k] |= spread4_bit4((e >> (4 * k)) & 0xf);
-        hi[k] |= spread4_bit4((e >> (16 + 4 * k)) & 0xf);
-    }
 }
 // Q5_0: w = d * (q5 - 16)   ->   d * s * (sum q5*X - 16 * sum X);  e = the 5th bits, h.x = d
 template <>
@@ -2801,14 +2827,16 @@ static int matvec_float(const Tensor *W, const float *x /* (n_in) */, const floa
 // loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
 // C twin: matvec_xq_c.
 #define FAST_ROWS 8          // rows per block: more rows share each activation load and put more
-                             // bytes in flight; half of it for long rows and Q4_0 (matvec_blocks)
+                             // bytes in flight; half of it for long rows and the types of short
+                             // arithmetic, Q4_0, Q4_1 and Q8_0 (matvec_blocks)
 #define FAST_MAX_THREADS 256 // threads per block at most (fast_threads)
 // LOADS_FIRST: a __syncwarp() between a pass's loads and its arithmetic. Left alone, ptxas issues
 // the loads of row r+1 only once row r's arithmetic is under way (it saves registers that way):
 // one or two loads in flight per thread. A warp barrier is a point no memory access may cross, so
 // every load is issued before it, at the cost of registers for all of them. It pays for rows of
-// several passes, for the batch kernel and for Q4_0's one-pass rows at 4 rows per block, and not
-// for the other types' one-pass rows at 8 (the extra registers cost resident blocks).
+// several passes, for the batch kernel and for Q4_0's one-pass rows at 4 rows per block (Q4_1 and
+// Q8_0, whose arithmetic is as short, take the same shape), and not for the other types' one-pass
+// rows at 8 (the extra registers cost resident blocks).
 template <int TYPE, int R, bool LOADS_FIRST>
 __device__ __forceinline__ void
 fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
@@ -3349,7 +3377,7 @@ static int mv_use_stream(const MvPlan *p, int n_in) {
 }
 
 // y = W x (+ bias) (+ y when accumulate): a fast kernel (16-bit x) for weights in planes, the
-// simple one (fp32 x) for the float types.
+// simple one (fp32 x) or its streamed form (6.4c) for the float types.
 static void matvec(const Tensor *W, const Act *in, float *y /* (n_out) */,
                    const float *bias /* (n_out) or NULL */, int accumulate, cudaStream_t st) {
     const uint8_t *w = (const uint8_t *)W->dev;
@@ -4527,7 +4555,7 @@ __host__ __device__ static float row_scale(float amax) {
 // The 32 weights of unit u of a weight row as fp16 (the C twin: mm_weight_row), in two steps so
 // that the product can have the loads of the next tile in flight while it multiplies the current
 // one:
-//   w_load<TYPE>(W, g, NB) -> WRaw   the unit's bytes: 16 of quants, the scales
+//   w_load<TYPE>(W, g, NB) -> WRaw   the unit's bytes: its quants (16 bytes; Q8_0: 32), the scales
 //   w_decode<TYPE>(raw, out)          32 fp16 weights
 // from the planes (layout in 6.3) at sub-block g, the plane index of (row, u): row * n_sub + u, or
 // its step-order slot (plane_g).
@@ -4762,14 +4790,8 @@ __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q5_K>(const uint8_t *W, size_t 
     return r;
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q5_K>(const WRaw &r, __half *out) {
-    const int *qw = (const int *)&r.q;
     int lo[4], hi[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) { // 5-bit values: the nibbles and the high bits (as sub_dot<Q5_K>)
-        nibbles(qw[k], &lo[k], &hi[k]);
-        lo[k] |= spread4_bit4((r.e.x >> (4 * k)) & 0xf);
-        hi[k] |= spread4_bit4((r.e.x >> (16 + 4 * k)) & 0xf);
-    }
+    q5_values(*(const int4 *)&r.q, (int)r.e.x, lo, hi);
     k_weights_f16(lo, hi, __uint_as_float(r.e.y), __uint_as_float(r.e.z), out);
 }
 
@@ -4807,11 +4829,12 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw 
 //
 // Tiles. The output is cut into tiles of MM_TT tokens x MM_TN weight rows, and k into steps of 64
 // (two 32-weight units). A step stages the tile's X (fp16 rows) and W (decoded here, one unit per
-// thread, so the two threads of a row read one contiguous 32-byte sector of the planes; X in
-// 16-byte chunks, four whole rows per warp load) in shared memory, and the 8 warps multiply them
-// with WMMA, each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16 fp32 accumulators). The
-// next step's bytes are loaded into registers before the tensor cores work on the current step and
-// are decoded and stored to the other half of a double buffer after: one barrier per step.
+// thread, so the two threads of a row read one contiguous piece of the planes, 32 bytes (Q8_0: 64);
+// X in 16-byte chunks, four whole rows per warp load) in shared memory, and the 8 warps multiply
+// them with WMMA, each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16 fp32
+// accumulators). The next step's bytes are loaded into registers before the tensor cores work on
+// the current step and are decoded and stored to the other half of a double buffer after: one
+// barrier per step.
 //
 // Work split ("stream-K"). A grid of whole tiles rarely fills the GPU evenly: a 512-token prompt
 // through a 17408-row weight is 544 tiles, 2.06 waves of the H200's 264 resident blocks, so the
@@ -7102,7 +7125,9 @@ static void chat_refuse_turn(int n, int pos, int n_ctx, int n_ctx_train, int min
     const char *more = n_ctx < n_ctx_train ? "; restart with a larger -c for more" : "";
     fprintf(stderr, "%serror: this turn has %d tokens, and the context has %d of its %d left: it "
             "was not read", g_stdout_midline ? "\n" : "", n, left, n_ctx);
-    if (min_turn > left) fprintf(stderr, " (the context is full: Ctrl-D ends the chat%s)\n", more);
+    if (min_turn > left)
+        fprintf(stderr, " (the context is full: %s ends the chat%s)\n",
+                isatty(0) ? "Ctrl-D" : "the end of the input", more);
     else fprintf(stderr, " (a shorter turn fits%s)\n", more);
 }
 
@@ -7197,7 +7222,8 @@ static double measure_copy_bandwidth(void) {
 }
 
 // The GPU line, the copy bandwidth (returned), and the state the benchmark runs on: the model
-// uploaded with room for 2049 keys at least, the KV caches filled with random values.
+// uploaded with room for n_ctx keys (2049 at least: run_bench), the KV caches filled with random
+// values.
 static double bench_setup(Model *m, int n_ctx, GpuState *s) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -7206,7 +7232,7 @@ static double bench_setup(Model *m, int n_ctx, GpuState *s) {
            prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0);
     printf("measured copy bandwidth (device-to-device, 1 GiB, read + write): %.0f GB/s\n",
            copy_bw / 1e9);
-    gpu_state_init(s, m, n_ctx < 2049 ? 2049 : n_ctx);
+    gpu_state_init(s, m, n_ctx);
     upload_weights(m, s);
     size_t cache = (size_t)m->c.n_kv_layers * s->n_ctx * m->c.n_head_kv * m->c.head_dim;
     fill_random_half_kernel<<<1024, 256, 0, s->stream>>>(s->key_cache, cache, 1);
@@ -7292,7 +7318,7 @@ static void run_bench(Model *m, int n_ctx) {
     }
     budget_or_refuse(m, bench_ctx, 2049);
     GpuState s;
-    double copy_bw = bench_setup(m, n_ctx, &s);
+    double copy_bw = bench_setup(m, bench_ctx, &s);
     bench_decode(m, &s, copy_bw);
     bench_prefill(m, &s);
     gpu_state_free(&s);
@@ -7346,7 +7372,8 @@ static float arg_float(const char *opt, const char *v) {
 static long long arg_seed(const char *opt, const char *v) {
     long long x = arg_i64(opt, v);
     if (x < INT32_MIN || x > LLAMA_RANDOM_SEED)
-        die("%s '%s': out of range (a seed is 0 .. 4294967295, or -1 for a fresh one)", opt, v);
+        die("%s '%s': out of range (a fixed seed is 0 .. 4294967294; -1 or 4294967295: a "
+            "fresh one)", opt, v);
     return x < 0 ? x + LLAMA_RANDOM_SEED + 1 : x;
 }
 
@@ -7922,8 +7949,9 @@ static void usage(FILE *f) {
         "  --top-k K         keep the K most likely tokens, 0 or below = off (default 40)\n"
         "  --top-p P         nucleus sampling, 1 = off (default 0.95)\n"
         "  --min-p P         drop tokens below P x the top probability, 0 = off (default 0.05)\n"
-        "  --seed S          random seed, 0..4294967295 (default -1: a fresh one, printed); as in\n"
-        "                    llama.cpp, a negative S is 2^32 + S, so only -1 is random\n"
+        "  --seed S          random seed, 0..4294967294 (default -1 = 4294967295: a fresh one,\n"
+        "                    printed); as in llama.cpp, a negative S is 2^32 + S, so only -1 is\n"
+        "                    random\n"
         "  --dump-logits F   write the logits of every prompt position to F: raw little-endian\n"
         "                    float32, [n_prompt_tokens][n_vocab], no header; nothing is\n"
         "                    generated unless -n is given\n"
@@ -8615,7 +8643,7 @@ static int mode_diff(const Args *a, Model *m, const Tokenizer *tok) {
     else if (a->prompt) n = tokenizer_encode(tok, a->prompt, a->prompt_len, a->parse_special, &ids);
     if (n == 0) die("--diff-logits needs the prompt their logits are of: --tokens, -p or -f");
     check_tokens(V, ids, n, "prompt token");
-    check_prompt_fits(n, a->n_ctx, m->c.n_ctx_train);
+    check_prompt_fits(n, m->c.n_ctx_train, m->c.n_ctx_train); // the engine is sized to the prompt
     TheirLogits t;
     their_open(&t, a->diff_path, n, V, tok);
     // opened before the work, as the other outputs are

@@ -52,12 +52,22 @@ given() { # given FLAG...: one of these flags is among the caller's
     for a in "${args[@]}"; do for f in "$@"; do [ "$a" = "$f" ] && return 0; done; done
     return 1
 }
+# The daily settings are generation's and chat's (the prompt: generation's alone); a mode that
+# samples nothing (--bench, --info, --perplexity, ...) takes the caller's flags as they are.
+chat=0; other=0
+given --chat -cnv && chat=1
+given --bench --info --perplexity --kl-divergence --kl-divergence-base --tokenize --detokenize \
+    --diff-logits --dump-logits && other=1
 extra=()
-given -p --prompt -f --file --tokens || extra+=(-p "$prompt")
-given -c --ctx-size || extra+=("${ctx[@]}")
-given --temp || extra+=(--temp 0.7)
-given --top-p || extra+=(--top-p 0.8)
-if ! nvidia-smi >/dev/null 2>&1 && ! given --cpu; then
+if [ $other = 0 ]; then
+    [ $chat = 1 ] || given -p --prompt -f --file --tokens || extra+=(-p "$prompt")
+    given -c --ctx-size || extra+=("${ctx[@]}")
+    given --temp || extra+=(--temp 0.7)
+    given --top-p || extra+=(--top-p 0.8)
+fi
+# without a GPU, --cpu for the modes that run the model (--bench needs a GPU and says so; --info,
+# --tokenize and --detokenize run nothing)
+if ! nvidia-smi >/dev/null 2>&1 && ! given --cpu --bench --info --tokenize --detokenize; then
     echo "note: no NVIDIA GPU here: using the plain-C reference path (--cpu), one thread, fp32." \
          "It runs a Qwen3-0.6B Q4_0 at about 0.85 s per token on 2 cores: pick a model that small." >&2
     extra+=(--cpu)

@@ -386,7 +386,7 @@ int main(int argc, char **argv) {
     if (gguf_open(&m.gguf, path) != 0) die("%s", m.gguf.err);
     model_load(&m);
     GpuState s;
-    double copy_bw = bench_setup(&m, n_ctx, &s);
+    double copy_bw = bench_setup(&m, n_ctx < 2049 ? 2049 : n_ctx, &s); // decode at 2048 keys
     bench_decode(&m, &s, copy_bw);
     bench_read_stream(copy_bw);
     bench_attention(&m, &s);

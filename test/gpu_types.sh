@@ -10,19 +10,24 @@
 #           mix (random weights: the speed is all that is measured)
 #   LLAMA_BIN   a folder with llama-bench and llama-quantize (../shared/tools/README.md)
 #
-# Per file: each qwen binary's --bench (decode ms/token at context 128, its share of the copy
-# bandwidth; pp512), then llama-bench -p 512 -n 128 -fa 1 -r 3 -ngl 99. One row per (file, binary)
-# on stdout and in OUTDIR/types.tsv; the full outputs in OUTDIR/types.log. Every file is deleted
-# after its row (the base Q4_0 after its shape), so the disk holds two files at most.
+# Per file: llama-bench -p 512 -n 128 -fa 1 -r 3 -ngl 99, then each qwen binary's --bench (decode
+# ms/token at context 128, its share of the copy bandwidth; pp512). One row per (file, binary) on
+# stdout and in OUTDIR/types.tsv; the full outputs in OUTDIR/types.log. Every file is deleted after
+# its rows (the base Q4_0 after its shape), so the disk holds two files at most. The exit status
+# is 1 when a file could not be made or a binary gave no decode row.
 #   test/gpu_types.sh $OUT /tmp/ll/build/bin "qwen3-8b:Q4_K_M qwen3-8b:Q8_0" ./qwen-main ./qwen
 set -uo pipefail
 out=$1; llama=$2; files=$3; shift 3
-[ $# -ge 1 ] || { echo "usage: $0 OUTDIR LLAMA_BIN \"shape:TYPE ...\" QWEN_BIN [QWEN_BIN ...]" >&2; exit 2; }
+[ $# -ge 1 ] ||
+    { echo "usage: $0 OUTDIR LLAMA_BIN \"shape:TYPE ...\" QWEN_BIN [QWEN_BIN ...]" >&2; exit 2; }
 mkdir -p models "$out"
 log=$out/types.log
 tsv=$out/types.tsv
-[ -f "$tsv" ] || printf "file\tbinary\tGB/token\tms@128\ttok/s\t%%copy\tpp512\tllama_tg128\tllama_pp512\tdecode_ratio\tpp_ratio\n" > "$tsv"
+tsv_row() { (IFS=$'\t'; echo "$*"); } # the arguments, tab-separated, as one line
+[ -f "$tsv" ] || tsv_row file binary GB/token ms@128 tok/s %copy pp512 llama_tg128 llama_pp512 \
+    decode_ratio pp_ratio > "$tsv"
 threads=$(nproc)
+status=0
 
 # the Q4_0 file of a shape, made once (test/gen_model)
 base_of() { echo "models/$1-q4_0.gguf"; }
@@ -32,42 +37,52 @@ make_base() {
     [ -f "$f" ] && return 0
     ./test/gen_model --threads "$threads" --model "$shape" --ftype q4_0 -o "$f" >> "$log" 2>&1
 }
+fail() { echo "$1"; status=1; }
 
 prev_shape=""
 for sf in $files; do
     shape=${sf%%:*}; type=${sf##*:}
-    if [ -n "$prev_shape" ] && [ "$prev_shape" != "$shape" ]; then rm -f "$(base_of "$prev_shape")"; fi
+    [ -n "$prev_shape" ] && [ "$prev_shape" != "$shape" ] && rm -f "$(base_of "$prev_shape")"
     prev_shape=$shape
     file=models/$shape-$type.gguf
     case $type in
-    Q4_0) make_base "$shape" || { echo "$sf: test/gen_model failed (see $log)"; continue; }
+    Q4_0) make_base "$shape" || { fail "$sf: test/gen_model failed (see $log)"; continue; }
           file=$(base_of "$shape") ;;
     IQ4_XS) ./test/gen_model --threads "$threads" --model "$shape" --ftype iq4_xs -o "$file" \
-                >> "$log" 2>&1 || { echo "$sf: test/gen_model failed (see $log)"; continue; } ;;
-    *) make_base "$shape" || { echo "$sf: test/gen_model failed (see $log)"; continue; }
-       "$llama/llama-quantize" --allow-requantize "$(base_of "$shape")" "$file" "$type" "$threads" \
-           >> "$log" 2>&1 || { echo "$sf: llama-quantize failed (see $log)"; continue; } ;;
+                >> "$log" 2>&1 || { fail "$sf: test/gen_model failed (see $log)"; continue; } ;;
+    *) make_base "$shape" || { fail "$sf: test/gen_model failed (see $log)"; continue; }
+       "$llama/llama-quantize" --allow-requantize "$(base_of "$shape")" "$file" "$type" \
+           "$threads" >> "$log" 2>&1 ||
+           { fail "$sf: llama-quantize failed (see $log)"; continue; } ;;
     esac
     # llama.cpp: tg128 and pp512, "mean ± sd" tokens per second
     lb=$("$llama/llama-bench" -m "$file" -p 512 -n 128 -fa 1 -r 3 -ngl 99 2>&1)
     printf "== llama-bench %s\n%s\n" "$sf" "$lb" >> "$log"
-    ltg=$(echo "$lb" | awk -F'|' '/ tg128 / {gsub(/ /, "", $(NF-1)); split($(NF-1), a, "±"); print a[1]}')
-    lpp=$(echo "$lb" | awk -F'|' '/ pp512 / {gsub(/ /, "", $(NF-1)); split($(NF-1), a, "±"); print a[1]}')
+    mean_ts() { # the t/s cell of llama-bench's row for test $1: "mean ± sd", the mean
+        echo "$lb" | awk -F'|' -v t=" $1 " 'index($0, t) {
+            gsub(/ /, "", $(NF-1)); split($(NF-1), a, "±"); print a[1] }'
+    }
+    ltg=$(mean_ts tg128)
+    lpp=$(mean_ts pp512)
     for bin in "$@"; do
         res=$("$bin" --bench -m "$file" 2>&1)
         printf "== %s %s\n%s\n" "$bin" "$sf" "$res" >> "$log"
         # the decode table's row at context 128: context, GB, "GB", ms, tok/s, GB/s, % of copy
         row=$(echo "$res" | awk '$1 == "128" && $3 == "GB" {print $2, $4, $5, $7}')
         pp=$(echo "$res" | awk '$1 == "pp512:" {print $4}')
+        [ -n "$row" ] || fail "$sf: $bin gave no decode row (see $log)"
         read -r gb ms tps pc <<< "${row:-- - - -}"
-        dr=$(awk -v a="$tps" -v b="$ltg" 'BEGIN {if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-"}')
-        pr=$(awk -v a="$pp" -v b="$lpp" 'BEGIN {if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-"}')
-        printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n" "$sf" "$bin" "$gb" "$ms" "$tps" "$pc" \
-            "${pp:--}" "${ltg:--}" "${lpp:--}" "$dr" "$pr" >> "$tsv"
-        printf "%-22s %-16s %7s GB %8s ms %7s tok/s %5s %% copy  pp512 %7s | llama %7s %8s | %sx %sx\n" \
-            "$sf" "$bin" "$gb" "$ms" "$tps" "$pc" "${pp:--}" "${ltg:--}" "${lpp:--}" "$dr" "$pr"
+        ratio() { awk -v a="$1" -v b="$2" 'BEGIN {
+            if (a + 0 > 0 && b + 0 > 0) printf "%.2f", a / b; else print "-" }'; }
+        dr=$(ratio "$tps" "$ltg")
+        pr=$(ratio "$pp" "$lpp")
+        tsv_row "$sf" "$bin" "$gb" "$ms" "$tps" "$pc" "${pp:--}" "${ltg:--}" "${lpp:--}" "$dr" \
+            "$pr" >> "$tsv"
+        printf "%-22s %-16s %7s GB %8s ms %7s tok/s %5s %% copy  pp512 %7s" \
+            "$sf" "$bin" "$gb" "$ms" "$tps" "$pc" "${pp:--}"
+        printf " | llama %7s %8s | %sx %sx\n" "${ltg:--}" "${lpp:--}" "$dr" "$pr"
     done
     [ "$file" != "$(base_of "$shape")" ] && rm -f "$file"
 done
 [ -n "$prev_shape" ] && rm -f "$(base_of "$prev_shape")"
-exit 0
+exit $status
