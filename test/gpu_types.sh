@@ -7,7 +7,8 @@
 #   TYPE    Q4_0 or IQ4_XS (written by test/gen_model), or any llama-quantize type name (Q4_K_M,
 #           Q4_K_S, Q5_K_M, Q6_K, Q8_0, IQ4_NL, Q4_1, Q5_0, Q5_1, F16, BF16, ...): quantized by
 #           LLAMA_BIN/llama-quantize --allow-requantize from the shape's Q4_0 file, with its type
-#           mix (random weights: the speed is all that is measured)
+#           mix (random weights: the speed is all that is measured). A file already in models/
+#           (models/SHAPE-TYPE.gguf, models/SHAPE-q4_0.gguf for Q4_0) is used as it is
 #   LLAMA_BIN   a folder with llama-bench and llama-quantize (../shared/tools/README.md)
 #
 # Per file: llama-bench -p 512 -n 128 -fa 1 -r 3 -ngl 99, then each qwen binary's --bench (decode
@@ -45,16 +46,16 @@ for sf in $files; do
     [ -n "$prev_shape" ] && [ "$prev_shape" != "$shape" ] && rm -f "$(base_of "$prev_shape")"
     prev_shape=$shape
     file=models/$shape-$type.gguf
-    case $type in
-    Q4_0) make_base "$shape" || { fail "$sf: test/gen_model failed (see $log)"; continue; }
-          file=$(base_of "$shape") ;;
-    IQ4_XS) ./test/gen_model --threads "$threads" --model "$shape" --ftype iq4_xs -o "$file" \
-                >> "$log" 2>&1 || { fail "$sf: test/gen_model failed (see $log)"; continue; } ;;
-    *) make_base "$shape" || { fail "$sf: test/gen_model failed (see $log)"; continue; }
-       "$llama/llama-quantize" --allow-requantize "$(base_of "$shape")" "$file" "$type" \
-           "$threads" >> "$log" 2>&1 ||
-           { fail "$sf: llama-quantize failed (see $log)"; continue; } ;;
-    esac
+    [ "$type" = Q4_0 ] && file=$(base_of "$shape")
+    if [ ! -f "$file" ]; then
+        case $type in
+        Q4_0) make_base "$shape" ;;
+        IQ4_XS) ./test/gen_model --threads "$threads" --model "$shape" --ftype iq4_xs -o "$file" \
+                    >> "$log" 2>&1 ;;
+        *) make_base "$shape" && "$llama/llama-quantize" --allow-requantize "$(base_of "$shape")" \
+               "$file" "$type" "$threads" >> "$log" 2>&1 ;;
+        esac || { fail "$sf: the file could not be made (see $log)"; rm -f "$file"; continue; }
+    fi
     # llama.cpp: tg128 and pp512, "mean ± sd" tokens per second
     lb=$("$llama/llama-bench" -m "$file" -p 512 -n 128 -fa 1 -r 3 -ngl 99 2>&1)
     printf "== llama-bench %s\n%s\n" "$sf" "$lb" >> "$log"
