@@ -5579,7 +5579,8 @@ typedef struct {
     float *ssm_state;      // (n_gdn_layers, Hv, S, S): state_bytes in all, cleared at position 0
     size_t state_bytes;
     size_t kv_bytes;       // both caches
-    size_t peak_used;      // device memory in use on the card at the end of the load (measured)
+    size_t peak_used;      // device memory in use on the card, measured at its two peaks: the end
+                           // of the load and the captured graph (gpu_capture)
     float *logits;         // (n_vocab)
     __half *key_cache;     // (n_kv_layers, n_ctx, n_head_kv, head_dim)
     __half *value_cache;   // (n_kv_layers, n_ctx, n_head_kv, head_dim)
@@ -6271,6 +6272,10 @@ static void gpu_capture(const Model *m, GpuState *s) {
     CUDA_CHECK(cudaStreamEndCapture(st, &graph));
     CUDA_CHECK(cudaGraphInstantiateWithFlags(&s->graph, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
+    // the instantiated graph holds device memory of its own, outside the VRAM budget's table
+    size_t fr, tot;
+    CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    if (tot - fr > s->peak_used) s->peak_used = tot - fr;
 }
 
 // One token through the model on the GPU; leaves the logits in s->h_logits. Twin of forward_cpu.
@@ -7063,9 +7068,9 @@ static void gen_finish(Gen *g) {
         size_t fr, tot;
         CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
         double peak = (double)g->e.gpu.peak_used;
-        fprintf(stderr, "device memory in use on the card (cudaMemGetInfo): %.3f GiB at the end of "
-                "the load (the peak), %.3f GiB now%s\n", peak / 1073741824.0,
-                (tot - fr) / 1073741824.0, g_vram_limit <= 0 ? ""
+        fprintf(stderr, "device memory in use on the card (cudaMemGetInfo): %.3f GiB at the peak "
+                "(the load's staging, or the captured graph), %.3f GiB now%s\n",
+                peak / 1073741824.0, (tot - fr) / 1073741824.0, g_vram_limit <= 0 ? ""
                 : peak <= g_vram_limit ? ", within --vram-limit" : ", OVER --vram-limit");
     }
     engine_free(&g->e);
