@@ -4715,12 +4715,16 @@ __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_K>(const uint8_t *W, size_t 
                      __float_as_uint(fp16_to_f32((uint16_t)(h.x >> 16)) * m), 0);
     return r;
 }
-template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_K>(const WRaw &r, __half *out) {
+// Q4_K and Q4_1: the nibbles of q are the values; e.y, e.z as k_weights_f16 takes them
+__device__ __forceinline__ void nibble_weights_f16(const WRaw &r, __half *out) {
     const int *qw = (const int *)&r.q;
     int lo[4], hi[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) nibbles(qw[k], &lo[k], &hi[k]);
     k_weights_f16(lo, hi, __uint_as_float(r.e.y), __uint_as_float(r.e.z), out);
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_K>(const WRaw &r, __half *out) {
+    nibble_weights_f16(r, out);
 }
 
 // Q4_1: e.y = d, e.z = -m (fp32 bits, exact)
@@ -4734,11 +4738,7 @@ __device__ __forceinline__ WRaw w_load<GGML_TYPE_Q4_1>(const uint8_t *W, size_t 
     return r;
 }
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q4_1>(const WRaw &r, __half *out) {
-    const int *qw = (const int *)&r.q;
-    int lo[4], hi[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) nibbles(qw[k], &lo[k], &hi[k]);
-    k_weights_f16(lo, hi, __uint_as_float(r.e.y), __uint_as_float(r.e.z), out);
+    nibble_weights_f16(r, out);
 }
 
 // Q5_0: e.x = the 32 high bits, e.y = d (fp16 bits)
