@@ -73,7 +73,7 @@ qwen$(SUFFIX): qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX) .versi
 
 # the tests #include qwen.cu with TESTING defined (no main of its own)
 test/test_qwen$(SUFFIX): test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \
-		test/test_trained.h test/fuzz_targets.h \
+		test/test_trained.h test/test_hidden.h test/fuzz_targets.h \
 		qwen.cu tokenizer.c unicode_tables.h .build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 
@@ -147,7 +147,7 @@ qwen-san: qwen.cu tokenizer.c unicode_tables.h .version$(SUFFIX)
 	$(NVCC_RUN) $(SANFLAGS) -DQWEN_VERSION='"$(QWEN_VERSION)"' -o $@ qwen.cu $(LDLIBS)
 
 test/test_qwen-san: test/test_qwen.cu test/gguf_write.h test/test_quantize.h test/quantize.h \
-		test/test_trained.h test/fuzz_targets.h \
+		test/test_trained.h test/test_hidden.h test/fuzz_targets.h \
 		qwen.cu tokenizer.c unicode_tables.h
 	$(NVCC_RUN) $(SANFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 

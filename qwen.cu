@@ -73,6 +73,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <regex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -1523,6 +1524,112 @@ static void embed_token(const Model *m, int token, float *x /* (n_embd) */) {
 }
 
 // ------------------------------------------------------------------------------------------------
+// 4b. Taps: the tensors inside the forward pass, for --dump-hidden and --diff-hidden
+// ------------------------------------------------------------------------------------------------
+// A port that disagrees with qwen.cu's logits is found by comparing the tensors in between. A
+// run with a Tap attached hands each tensor of every prompt token to it (tap_put), under the name
+// llama.cpp's graph gives it, so that the names its tools print match ours. A run without one
+// (every other run) passes the taps by: the GPU's graph and kernels are the same either way.
+
+// Every tensor a tap can take, in the order a layer computes them: the block input's norm, then
+// attention's (Qcur, Kcur: after the head norm and RoPE) or DeltaNet's, then the FFN's; last the
+// three tensors outside the layers. A layer has attention's or DeltaNet's kinds, never both.
+enum {
+    TAP_ATTN_NORM, // (E) norm(x): the block's input
+    TAP_QCUR,      // (H, hd) q after the head norm and RoPE
+    TAP_KCUR,      // (Hkv, hd) k after the head norm and RoPE: what the KV cache holds
+    TAP_VCUR,      // (Hkv, hd)
+    TAP_KQV_OUT,   // (H*hd) attention's output, heads concatenated (before qwen35's gate)
+    TAP_ATTN_GATED, // (H*hd) qwen35: times sigmoid(gate), the input of Wo
+    TAP_ATTN_OUT,  // (E) Wo's output, added to the residual stream
+    TAP_QKV_MIXED, // (conv_dim) DeltaNet: the in-projection [q | k | v], before the conv
+    TAP_Z,         // (Hv, S) the output gate's projection
+    TAP_BETA,      // (Hv) beta = sigmoid(b): the write strength
+    TAP_GATE,      // (Hv) g = softplus(a + dt_bias) * ssm_a: the log of the decay
+    TAP_CONV,      // (conv_dim) silu(conv(qkv_mixed))
+    TAP_Q_CONV,    // (Hk, S) the conv output's q, L2-normed: what the delta rule reads
+    TAP_K_CONV,    // (Hk, S) the same for k
+    TAP_V_CONV,    // (Hv, S) the conv output's v
+    TAP_DELTA_OUT, // (Hv, S) the delta rule's output o = M q / sqrt(S)
+    TAP_FINAL_OUT, // (Hv*S) the gated norm of o: the input of W_out
+    TAP_LINEAR_OUT, // (E) W_out's output, added to the residual stream
+    TAP_FFN_INP,   // (E) the residual stream between the two blocks
+    TAP_FFN_NORM,  // (E)
+    TAP_FFN_OUT,   // (E) W_down's output, added to the residual stream
+    TAP_L_OUT,     // (E) the residual stream after the layer
+    N_LAYER_TAPS,
+    TAP_INP_EMBD = N_LAYER_TAPS, // (E) the token's embedding row
+    TAP_RESULT_NORM,             // (E) the final norm
+    TAP_RESULT_OUTPUT,           // (n_vocab) the logits
+    N_TAPS
+};
+static const char *const TAP_NAMES[N_TAPS] = {
+    "attn_norm", "Qcur", "Kcur", "Vcur", "kqv_out", "attn_gated", "attn_out",
+    "linear_attn_qkv_mixed", "z", "beta_sigmoid", "gate", "conv_output_silu", "q_conv_predelta",
+    "k_conv_predelta", "v_conv", "attn_output", "final_output", "linear_attn_out", "ffn_inp",
+    "ffn_norm", "ffn_out", "l_out", "inp_embd", "result_norm", "result_output"};
+
+// The shape of one token's row of tensor `kind` (dims[0..n), n returned), or 0 when layer l has no
+// such tensor (l is ignored for the three outside the layers).
+static int tap_shape(const Config *c, int kind, int l, int dims[2]) {
+    int E = c->n_embd, hd = c->head_dim, S = c->ssm_state, Hv = c->ssm_v_heads;
+    int conv_dim = 2 * c->ssm_k_heads * S + c->ssm_inner;
+    int att = kind >= TAP_QCUR && kind <= TAP_ATTN_OUT, gdn = kind >= TAP_QKV_MIXED &&
+                                                              kind <= TAP_LINEAR_OUT;
+    if (kind < N_LAYER_TAPS && ((att && c->kind[l] != LAYER_ATTENTION) ||
+                                (gdn && c->kind[l] != LAYER_DELTANET) ||
+                                (kind == TAP_ATTN_GATED && c->arch != ARCH_QWEN35)))
+        return 0;
+    switch (kind) {
+    case TAP_QCUR: dims[0] = c->n_head; dims[1] = hd; return 2;
+    case TAP_KCUR: case TAP_VCUR: dims[0] = c->n_head_kv; dims[1] = hd; return 2;
+    case TAP_KQV_OUT: case TAP_ATTN_GATED: dims[0] = c->n_head * hd; return 1;
+    case TAP_QKV_MIXED: case TAP_CONV: dims[0] = conv_dim; return 1;
+    case TAP_Z: case TAP_V_CONV: case TAP_DELTA_OUT: dims[0] = Hv; dims[1] = S; return 2;
+    case TAP_BETA: case TAP_GATE: dims[0] = Hv; return 1;
+    case TAP_Q_CONV: case TAP_K_CONV: dims[0] = c->ssm_k_heads; dims[1] = S; return 2;
+    case TAP_FINAL_OUT: dims[0] = c->ssm_inner; return 1;
+    case TAP_RESULT_OUTPUT: dims[0] = c->n_vocab; return 1;
+    default: dims[0] = E; return 1;
+    }
+}
+
+// Floats in one token's row of tensor `kind` in layer l (0: the layer has none).
+static size_t tap_width(const Config *c, int kind, int l) {
+    int dims[2], n = tap_shape(c, kind, l, dims);
+    return n == 0 ? 0 : n == 1 ? (size_t)dims[0] : (size_t)dims[0] * dims[1];
+}
+
+// What a run hands its taps to: the selected tensors of every prompt token, and what to feed each
+// layer instead of our own residual stream (--diff-inject).
+typedef struct {
+    const Config *c;
+    int n_tok;            // rows of every tensor: the prompt's tokens, at positions 0..n_tok-1
+    float **data;         // ((n_layer + 1) * N_TAPS) slots, (n_tok, width) each; NULL: not kept.
+                          // Slot l * N_TAPS + kind; the three outside the layers: layer n_layer
+    const char **by;      // per slot, which path wrote it (the manifest says)
+    const float **inject; // (n_layer) or NULL: layer l's input rows (n_tok, n_embd): their inp_embd
+                          // for layer 0, their l_out-(l-1) after it
+} Tap;
+
+static size_t tap_slot(const Config *c, int kind, int l) {
+    return (size_t)(kind >= N_LAYER_TAPS ? c->n_layer : l) * N_TAPS + kind;
+}
+
+// Rows t .. t+nt-1 of tensor `kind` in layer l, written by path `by`: kept when selected.
+static void tap_put(Tap *tp, int kind, int l, int t, int nt, const float *rows, const char *by) {
+    size_t slot = tap_slot(tp->c, kind, l), w = tap_width(tp->c, kind, l);
+    if (!tp->data[slot] || t < 0 || t + nt > tp->n_tok) return;
+    memcpy(tp->data[slot] + (size_t)t * w, rows, (size_t)nt * w * sizeof(float));
+    tp->by[slot] = by;
+}
+
+// Tensor `kind` of layer l is kept: the caller may skip work that only a tap would use.
+static int tap_wants(const Tap *tp, int kind, int l) {
+    return tp && tp->data[tap_slot(tp->c, kind, l)] != NULL;
+}
+
+// ------------------------------------------------------------------------------------------------
 // 5. CPU forward: the plain-C twin of the whole model
 // ------------------------------------------------------------------------------------------------
 // fp32 math on dequantized weights, an fp32 KV cache, dot products summed in double. This is the
@@ -1552,6 +1659,8 @@ typedef struct {
     float *gdn_out;      // (Hv*S)
     float *conv_state;   // (n_gdn_layers, 3, conv_dim) the last 3 inputs of the conv, oldest first
     float *ssm_state;    // (n_gdn_layers, Hv, S, S) state[hv][j][i], j = value index, i = key index
+    float *blk;          // (n_embd) a block's output, before it is added to x
+    Tap *tap;            // NULL, or where every tensor goes (--dump-hidden, --diff-hidden)
 } CpuState;
 
 static size_t gdn_conv_dim(const Config *c) {
@@ -1590,12 +1699,13 @@ static void cpu_state_init(CpuState *s, const Config *c, int n_ctx) {
     s->gdn_out = (float *)xcalloc(vdim, 4, what);
     s->conv_state = (float *)xcalloc((size_t)c->n_gdn_layers * 3 * conv_dim, 4, what);
     s->ssm_state = (float *)xcalloc((size_t)c->n_gdn_layers * c->ssm_v_heads * S * S, 4, what);
+    s->blk = (float *)xcalloc(c->n_embd, 4, what);
 }
 
 static void cpu_state_free(CpuState *s) {
     float *all[] = {s->x, s->xb, s->q, s->qg, s->k, s->v, s->att_out, s->att, s->hb, s->hb2,
                     s->logits, s->row, s->mixed, s->z, s->key_cache, s->value_cache, s->beta,
-                    s->alpha, s->gdn_out, s->conv_state, s->ssm_state};
+                    s->alpha, s->gdn_out, s->conv_state, s->ssm_state, s->blk};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
 }
 
@@ -1776,6 +1886,17 @@ static void gated_rmsnorm_c(float *o, const float *z, const float *w, int S, flo
 
 // --- the three kinds of block ---
 
+// This token's row of tensor `kind` in layer l, to the run's tap if it has one (section 4b).
+static void tap_cpu(const CpuState *s, int kind, int l, int pos, const float *row) {
+    if (s->tap) tap_put(s->tap, kind, l, pos, 1, row, "cpu");
+}
+
+// x += y: a block's output joins the residual stream (the same float sum the GPU's accumulating
+// mat-vecs make)
+static void add_c(float *x, const float *y, int n) {
+    for (int i = 0; i < n; i++) x[i] += y[i];
+}
+
 // attention: x = x + Wo attn(rope(norm(x) Wq), rope(norm(x) Wk), norm(x) Wv)
 //   qwen2: q/k/v biases; qwen3: RMSNorm of each q/k head before RoPE; qwen35: Wq also yields a
 //   gate per head, RoPE covers the first n_rot dims, and the output is multiplied by sigmoid(gate)
@@ -1802,21 +1923,29 @@ static void attention_block_cpu(const Model *m, CpuState *s, int l, int pos) {
     }
     rope_neox_c(q, c->n_head, hd, c->n_rot, pos, c->rope_base, c->rope_freq_scale);
     rope_neox_c(s->k, c->n_head_kv, hd, c->n_rot, pos, c->rope_base, c->rope_freq_scale);
+    tap_cpu(s, TAP_QCUR, l, pos, q);
+    tap_cpu(s, TAP_KCUR, l, pos, s->k);
+    tap_cpu(s, TAP_VCUR, l, pos, s->v);
     float *kc = s->key_cache + (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
     float *vc = s->value_cache + (size_t)c->kv_slot[l] * s->n_ctx * kvdim;
     memcpy(kc + pos * kvdim, s->k, kvdim * 4);
     memcpy(vc + pos * kvdim, s->v, kvdim * 4);
     attention_c(s->att_out, q, kc, vc, s->att, c->n_head, c->n_head_kv, hd, pos);
-    if (c->arch == ARCH_QWEN35)
+    tap_cpu(s, TAP_KQV_OUT, l, pos, s->att_out);
+    if (c->arch == ARCH_QWEN35) {
         for (int h = 0; h < c->n_head; h++)
             for (int d = 0; d < hd; d++)
                 s->att_out[(size_t)h * hd + d] *= sigmoid_c(s->qg[(size_t)h * 2 * hd + hd + d]);
-    matvec_c(&L->wo, s->att_out, s->x, NULL, 1, s->row);
+        tap_cpu(s, TAP_ATTN_GATED, l, pos, s->att_out);
+    }
+    matvec_c(&L->wo, s->att_out, s->blk, NULL, 0, s->row);
+    tap_cpu(s, TAP_ATTN_OUT, l, pos, s->blk);
+    add_c(s->x, s->blk, c->n_embd);
 }
 
 // Gated DeltaNet (qwen35 linear attention): x = x + W_out gdn(norm(x)); the math is in
 // gdn_conv_c and gdn_step_c above
-static void deltanet_block_cpu(const Model *m, CpuState *s, int l) {
+static void deltanet_block_cpu(const Model *m, CpuState *s, int l, int pos) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
     int S = c->ssm_state, Hk = c->ssm_k_heads, Hv = c->ssm_v_heads, conv_dim = (int)gdn_conv_dim(c);
@@ -1824,40 +1953,60 @@ static void deltanet_block_cpu(const Model *m, CpuState *s, int l) {
     matvec_c(&L->wz, s->xb, s->z, NULL, 0, s->row);
     matvec_c(&L->w_beta, s->xb, s->beta, NULL, 0, s->row);
     matvec_c(&L->w_alpha, s->xb, s->alpha, NULL, 0, s->row);
+    tap_cpu(s, TAP_QKV_MIXED, l, pos, s->mixed);
+    tap_cpu(s, TAP_Z, l, pos, s->z);
+    // the gates of every v head, in place: alpha becomes g (the log of the decay), beta sigmoid(b)
+    const float *dt_bias = (const float *)L->dt_bias.host, *a = (const float *)L->ssm_a.host;
+    for (int hv = 0; hv < Hv; hv++)
+        gdn_gates(hv, s->beta, s->alpha, dt_bias, a, &s->alpha[hv], &s->beta[hv]);
+    tap_cpu(s, TAP_BETA, l, pos, s->beta);
+    tap_cpu(s, TAP_GATE, l, pos, s->alpha);
     float *cs = s->conv_state + (size_t)c->gdn_slot[l] * 3 * conv_dim;
     // in place: y[c] needs only mixed[c]
     gdn_conv_c(s->mixed, s->mixed, (const float *)L->conv1d.host, cs, conv_dim);
+    tap_cpu(s, TAP_CONV, l, pos, s->mixed);
     float *q = s->mixed, *k = s->mixed + (size_t)Hk * S, *v = s->mixed + 2 * (size_t)Hk * S;
     // q heads, then k heads
     for (int h = 0; h < 2 * Hk; h++) l2norm_c(q + (size_t)h * S, S, c->eps);
+    tap_cpu(s, TAP_Q_CONV, l, pos, q);
+    tap_cpu(s, TAP_K_CONV, l, pos, k);
+    tap_cpu(s, TAP_V_CONV, l, pos, v);
     float *state = s->ssm_state + (size_t)c->gdn_slot[l] * Hv * S * S;
-    const float *dt_bias = (const float *)L->dt_bias.host, *a = (const float *)L->ssm_a.host;
     for (int hv = 0; hv < Hv; hv++) {
         int hk = hv % Hk; // V heads are tiled over the K heads (converter's order)
-        float g, beta;
-        gdn_gates(hv, s->beta, s->alpha, dt_bias, a, &g, &beta);
-        float *o = s->gdn_out + (size_t)hv * S;
         gdn_step_c(state + (size_t)hv * S * S, q + (size_t)hk * S, k + (size_t)hk * S,
-                   v + (size_t)hv * S, g, beta, o, S);
-        gated_rmsnorm_c(o, s->z + (size_t)hv * S, (const float *)L->ssm_norm.host, S, c->eps);
+                   v + (size_t)hv * S, s->alpha[hv], s->beta[hv], s->gdn_out + (size_t)hv * S, S);
     }
-    matvec_c(&L->ssm_out, s->gdn_out, s->x, NULL, 1, s->row);
+    tap_cpu(s, TAP_DELTA_OUT, l, pos, s->gdn_out);
+    for (int hv = 0; hv < Hv; hv++)
+        gated_rmsnorm_c(s->gdn_out + (size_t)hv * S, s->z + (size_t)hv * S,
+                        (const float *)L->ssm_norm.host, S, c->eps);
+    tap_cpu(s, TAP_FINAL_OUT, l, pos, s->gdn_out);
+    matvec_c(&L->ssm_out, s->gdn_out, s->blk, NULL, 0, s->row);
+    tap_cpu(s, TAP_LINEAR_OUT, l, pos, s->blk);
+    add_c(s->x, s->blk, c->n_embd);
 }
 
 // FFN: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
-static void ffn_block_cpu(const Model *m, CpuState *s, int l) {
+static void ffn_block_cpu(const Model *m, CpuState *s, int l, int pos) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
     rmsnorm_c(s->xb, s->x, (const float *)L->ffn_norm.host, c->n_embd, c->eps);
+    tap_cpu(s, TAP_FFN_NORM, l, pos, s->xb);
     matvec_c(&L->w_gate, s->xb, s->hb, NULL, 0, s->row);
     matvec_c(&L->w_up, s->xb, s->hb2, NULL, 0, s->row);
     for (int i = 0; i < c->n_ff; i++) s->hb[i] = silu_c(s->hb[i]) * s->hb2[i];
-    matvec_c(&L->w_down, s->hb, s->x, NULL, 1, s->row);
+    matvec_c(&L->w_down, s->hb, s->blk, NULL, 0, s->row);
+    tap_cpu(s, TAP_FFN_OUT, l, pos, s->blk);
+    add_c(s->x, s->blk, c->n_embd);
 }
 
 // One token through the model on the CPU; leaves the logits in s->logits. Position 0 starts a new
 // sequence: the DeltaNet states are cleared (the KV cache is simply overwritten).
 //   HF: hidden = embed(tok); for layer: hidden = layer(hidden); logits = lm_head(norm(hidden))
+// With a tap that injects (--diff-inject), each layer starts from their residual stream instead
+// of ours, so that its output's error is the layer's own. (The logits reach a tap through
+// engine_eval, on every path alike.)
 static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
     const Config *c = &m->c;
     if (pos == 0 && c->n_gdn_layers) {
@@ -1866,13 +2015,20 @@ static void forward_cpu(const Model *m, CpuState *s, int token, int pos) {
         memset(s->ssm_state, 0, (size_t)c->n_gdn_layers * c->ssm_v_heads * S * S * 4);
     }
     embed_token(m, token, s->x);
+    tap_cpu(s, TAP_INP_EMBD, 0, pos, s->x);
     for (int l = 0; l < c->n_layer; l++) {
+        if (s->tap && s->tap->inject)
+            memcpy(s->x, s->tap->inject[l] + (size_t)pos * c->n_embd, c->n_embd * 4);
         rmsnorm_c(s->xb, s->x, (const float *)m->w.layers[l].attn_norm.host, c->n_embd, c->eps);
-        if (c->kind[l] == LAYER_DELTANET) deltanet_block_cpu(m, s, l);
+        tap_cpu(s, TAP_ATTN_NORM, l, pos, s->xb);
+        if (c->kind[l] == LAYER_DELTANET) deltanet_block_cpu(m, s, l, pos);
         else attention_block_cpu(m, s, l, pos);
-        ffn_block_cpu(m, s, l);
+        tap_cpu(s, TAP_FFN_INP, l, pos, s->x);
+        ffn_block_cpu(m, s, l, pos);
+        tap_cpu(s, TAP_L_OUT, l, pos, s->x);
     }
     rmsnorm_c(s->xb, s->x, (const float *)m->w.output_norm.host, c->n_embd, c->eps);
+    tap_cpu(s, TAP_RESULT_NORM, 0, pos, s->xb);
     matvec_c(&m->w.output, s->xb, s->logits, &m->w.output_bias, 0, s->row);
 }
 
@@ -5612,6 +5768,8 @@ typedef struct {
     int mm_blocks;         // the most product blocks resident at once over all types (sizes bpart)
     float *h_bx;           // pinned host (n_batch, n_embd): embedding rows on their way up
     float *h_blogits;      // pinned host (n_logit_rows, n_vocab)
+    Tap *tap;              // NULL, or where the tensors go (section 4b): then the passes go step
+                           // by step outside the graph, copying out what the kernels wrote
 } GpuState;
 
 // -b: prompt tokens per batched pass (the prefill buffers are sized for it; 1 turns prefill off).
@@ -6170,6 +6328,58 @@ static void gpu_state_free(GpuState *s) {
 
 #define DEV(t) ((const float *)(t).dev) // an uploaded f32 vector (norm weight or bias), or NULL
 
+// --- taps (section 4b): what the kernels leave in device memory, copied out ----------------------
+// Only the tensors a kernel writes whole are tapped: the fused kernels' insides (the decode's
+// q after RoPE, every output a mat-vec adds into x) exist on the CPU path alone, and the manifest
+// says which path wrote each file. Each copy waits for the stream.
+
+// Rows t0 .. t0+nt-1 of tensor `kind` in layer l: nt device rows of ld values, fp32 or (half) fp16,
+// of which the tensor's columns col0 .. col0 + width are taken.
+static void tap_dev(const GpuState *s, int kind, int l, int t0, int nt, const void *dev, int half,
+                    size_t ld, size_t col0, const char *by) {
+    if (!tap_wants(s->tap, kind, l)) return;
+    size_t w = tap_width(s->tap->c, kind, l), n = (size_t)nt * ld, es = half ? 2 : 4;
+    uint8_t *h = (uint8_t *)xmalloc(n * es, "a tapped tensor");
+    float *rows = (float *)xmalloc((size_t)nt * w * 4, "a tapped tensor");
+    CUDA_CHECK(cudaMemcpyAsync(h, dev, n * es, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    for (size_t r = 0; r < (size_t)nt; r++)
+        for (size_t i = 0; i < w; i++)
+            rows[r * w + i] = half ? fp16_to_f32(((const uint16_t *)h)[r * ld + col0 + i])
+                                   : ((const float *)h)[r * ld + col0 + i];
+    tap_put(s->tap, kind, l, t0, nt, rows, by);
+    free(h);
+    free(rows);
+}
+
+// The start of layer l for rows t0 .. t0+nt-1 held in x (nt, n_embd): their residual stream
+// replaces ours when the tap injects (--diff-inject).
+static void tap_layer_in(const GpuState *s, int l, int t0, int nt, float *x) {
+    if (!s->tap || !s->tap->inject) return;
+    size_t E = (size_t)s->tap->c->n_embd;
+    CUDA_CHECK(cudaMemcpyAsync(x, s->tap->inject[l] + (size_t)t0 * E, nt * E * 4,
+                               cudaMemcpyHostToDevice, s->stream));
+}
+
+// result_norm of rows x (nt, n_embd) on the device: the final norm is fused into the output
+// mat-vec's 8-bit input, so the C rmsnorm computes it from the rows the kernels left.
+static void tap_result_norm(const Model *m, const GpuState *s, int t0, int nt, const float *x,
+                            const char *by) {
+    if (!tap_wants(s->tap, TAP_RESULT_NORM, 0)) return;
+    int E = m->c.n_embd;
+    float *h = (float *)xmalloc((size_t)nt * E * 4, "a tapped tensor");
+    CUDA_CHECK(cudaMemcpyAsync(h, x, (size_t)nt * E * 4, cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    for (int r = 0; r < nt; r++)
+        rmsnorm_c(h + (size_t)r * E, h + (size_t)r * E, (const float *)m->w.output_norm.host, E,
+                  m->c.eps);
+    tap_put(s->tap, TAP_RESULT_NORM, 0, t0, nt, h, by);
+    free(h);
+}
+
+#define BY_DECODE "gpu decode"
+#define BY_BATCH "gpu batched"
+
 // --- one token: the layer loop -------------------------------------------------------------------
 
 // Attention layer l: x = x + Wo attn(q, k, v): the q/k/v mat-vecs in one launch, then the
@@ -6191,6 +6401,11 @@ static void attention_block_gpu(const Model *m, GpuState *s, int l) {
     attention(NULL, kc, vc, &cur, s->part_o, s->part_ml, s->kv_done, &s->att_out,
               gated ? s->qg + hd : NULL, 2 * hd, s->pos, c->n_head, c->n_head_kv, hd, s->n_split,
               st);
+    if (s->tap) { // this token's k as the cache holds it (fp16, after the head norm and RoPE)
+        int pos = *s->h_pos;
+        tap_dev(s, TAP_KCUR, l, pos, 1, kc + (size_t)pos * kvdim, 1, kvdim, 0, BY_DECODE);
+        tap_dev(s, TAP_VCUR, l, pos, 1, s->v, 0, kvdim, 0, BY_DECODE);
+    }
     matvec(&L->wo, &s->att_out, s->x, NULL, 1, st);
 }
 
@@ -6214,6 +6429,11 @@ static void deltanet_block_gpu(const Model *m, GpuState *s, int l) {
     const float *nob[4] = {NULL, NULL, NULL, NULL};
     float *y[4] = {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha};
     matvec_batch(4, W, nob, y, &s->xb, st);
+    if (s->tap) {
+        int pos = *s->h_pos;
+        tap_dev(s, TAP_QKV_MIXED, l, pos, 1, s->gdn_mixed, 0, gdn_conv_dim(c), 0, BY_DECODE);
+        tap_dev(s, TAP_Z, l, pos, 1, s->gdn_z, 0, c->ssm_inner, 0, BY_DECODE);
+    }
     float *cs = gdn_conv_state(c, s, l), *state = gdn_ssm_state(c, s, l);
     if (gdn_token_ok(S)) {
         gdn_token(state, cs, s->gdn_mixed, DEV(L->conv1d), s->gdn_z, s->gdn_beta, s->gdn_alpha,
@@ -6245,16 +6465,21 @@ static void forward_gpu_enqueue(const Model *m, GpuState *s) {
                                                   c->rope_freq_scale);
         KERNEL_CHECK();
     }
+    int pos = s->tap ? *s->h_pos : 0; // a tap's row (a tapped pass is not captured)
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &w->layers[l];
+        tap_layer_in(s, l, pos, 1, s->x);
         rmsnorm_quant(&s->xb, s->x, DEV(L->attn_norm), E, c->eps, st);
         if (c->kind[l] == LAYER_DELTANET) deltanet_block_gpu(m, s, l);
         else attention_block_gpu(m, s, l);
+        tap_dev(s, TAP_FFN_INP, l, pos, 1, s->x, 0, E, 0, BY_DECODE);
         // FFN: x = x + W_down (silu(W_gate h) * (W_up h)),  h = norm(x)
         rmsnorm_quant(&s->xb, s->x, DEV(L->ffn_norm), E, c->eps, st);
         ffn_gate_up(&L->w_gate, &L->w_up, &s->xb, &s->hb, s->hb2, st);
         matvec(&L->w_down, &s->hb, s->x, NULL, 1, st);
+        tap_dev(s, TAP_L_OUT, l, pos, 1, s->x, 0, E, 0, BY_DECODE);
     }
+    tap_result_norm(m, s, pos, 1, s->x, BY_DECODE);
     rmsnorm_quant(&s->xb, s->x, DEV(w->output_norm), E, c->eps, st);
     matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st);
 }
@@ -6285,6 +6510,17 @@ static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
     *s->h_pos = pos;
     if (pos == 0 && s->state_bytes) // a new sequence: clear the DeltaNet conv and recurrent states
         CUDA_CHECK(cudaMemsetAsync(s->conv_state, 0, s->state_bytes, s->stream));
+    if (s->tap) { // the graph's work, enqueued step by step so that the taps can copy in between
+        tap_put(s->tap, TAP_INP_EMBD, 0, pos, 1, s->h_x, BY_DECODE);
+        cudaStream_t st = s->stream;
+        CUDA_CHECK(cudaMemcpyAsync(s->x, s->h_x, m->c.n_embd * 4u, cudaMemcpyHostToDevice, st));
+        CUDA_CHECK(cudaMemcpyAsync(s->pos, s->h_pos, 4, cudaMemcpyHostToDevice, st));
+        forward_gpu_enqueue(m, s);
+        CUDA_CHECK(cudaMemcpyAsync(s->h_logits, s->logits, m->c.n_vocab * 4u,
+                                   cudaMemcpyDeviceToHost, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        return;
+    }
     if (!s->graph) gpu_capture(m, s);
     CUDA_CHECK(cudaGraphLaunch(s->graph, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
@@ -6403,6 +6639,9 @@ static void attention_batch_gpu(const Model *m, GpuState *s, int l, int T, int p
         s->bq, qsrc, gated ? 2 * hd : hd, s->bk, s->bv, DEV(L->q_norm), DEV(L->k_norm), kc, vc,
         s->pos, c->n_head, c->n_head_kv, hd, c->n_rot, c->rope_base, c->rope_freq_scale, c->eps);
     KERNEL_CHECK();
+    tap_dev(s, TAP_QCUR, l, pos0, T, s->bq, 0, qdim, 0, BY_BATCH);
+    tap_dev(s, TAP_KCUR, l, pos0, T, kc + (size_t)pos0 * kvdim, 1, kvdim, 0, BY_BATCH);
+    tap_dev(s, TAP_VCUR, l, pos0, T, s->bv, 0, kvdim, 0, BY_BATCH);
     dim3 grid((T + PA_TQ - 1) / PA_TQ, c->n_head);
     attention_prefill_kernel<<<grid, PA_THREADS, pa_smem(hd), st>>>(
         s->bq, kc, vc, s->bxh, gated ? s->bqg + hd : NULL, 2 * qdim, pos0, T, c->n_head,
@@ -6415,7 +6654,7 @@ static void attention_batch_gpu(const Model *m, GpuState *s, int l, int T, int p
 // state supplies the rows before them, and keeps their last 3), the norms and gates of every row,
 // the delta rule through the rows in order, the gated norm, then W_out added into s->bx.
 // Twin: deltanet_block_cpu, row by row.
-static void deltanet_batch_gpu(const Model *m, GpuState *s, int l, int T) {
+static void deltanet_batch_gpu(const Model *m, GpuState *s, int l, int T, int pos0) {
     const Config *c = &m->c;
     const LayerWeights *L = &m->w.layers[l];
     cudaStream_t st = s->stream;
@@ -6425,6 +6664,8 @@ static void deltanet_batch_gpu(const Model *m, GpuState *s, int l, int T) {
     matmul(&L->wz, &s->bxh, T, s->bz, vdim, NULL, 0, s);
     matmul(&L->w_beta, &s->bxh, T, s->bbeta, Hv, NULL, 0, s);
     matmul(&L->w_alpha, &s->bxh, T, s->balpha, Hv, NULL, 0, s);
+    tap_dev(s, TAP_QKV_MIXED, l, pos0, T, s->bmixed, 0, conv_dim, 0, BY_BATCH);
+    tap_dev(s, TAP_Z, l, pos0, T, s->bz, 0, vdim, 0, BY_BATCH);
     float *cs = gdn_conv_state(c, s, l), *state = gdn_ssm_state(c, s, l);
     size_t n_conv = (size_t)T * conv_dim;
     gdn_conv_rows_kernel<<<(unsigned)((n_conv + 255) / 256), 256, 0, st>>>(
@@ -6432,10 +6673,20 @@ static void deltanet_batch_gpu(const Model *m, GpuState *s, int l, int T) {
     KERNEL_CHECK();
     gdn_conv_state_kernel<<<(conv_dim + 255) / 256, 256, 0, st>>>(cs, s->bmixed, conv_dim, T);
     KERNEL_CHECK();
+    tap_dev(s, TAP_CONV, l, pos0, T, s->bconv, 0, conv_dim, 0, BY_BATCH);
     gdn_l2norm_gates_rows_kernel<<<dim3(2 * Hk + Hv, T), S, 0, st>>>(
         s->bconv, s->bbeta, s->balpha, DEV(L->dt_bias), DEV(L->ssm_a), s->bgb, Hk, Hv, c->eps);
     KERNEL_CHECK();
+    if (s->tap) { // bgb rows: [g (Hv) | beta (Hv)]; bconv rows: [q | k | v]
+        size_t kS = (size_t)Hk * S;
+        tap_dev(s, TAP_GATE, l, pos0, T, s->bgb, 0, 2 * Hv, 0, BY_BATCH);
+        tap_dev(s, TAP_BETA, l, pos0, T, s->bgb, 0, 2 * Hv, Hv, BY_BATCH);
+        tap_dev(s, TAP_Q_CONV, l, pos0, T, s->bconv, 0, conv_dim, 0, BY_BATCH);
+        tap_dev(s, TAP_K_CONV, l, pos0, T, s->bconv, 0, conv_dim, kS, BY_BATCH);
+        tap_dev(s, TAP_V_CONV, l, pos0, T, s->bconv, 0, conv_dim, 2 * kS, BY_BATCH);
+    }
     gdn_step(state, s->bconv, s->bgb, s->braw, S, Hk, Hv, T, st);
+    tap_dev(s, TAP_DELTA_OUT, l, pos0, T, s->braw, 0, vdim, 0, BY_BATCH);
     gdn_gated_norm_rows_kernel<<<T, S, 0, st>>>(s->bxh, s->braw, s->bz, DEV(L->ssm_norm), Hv,
                                                c->eps);
     KERNEL_CHECK();
@@ -6450,16 +6701,20 @@ static void forward_gpu_batch_enqueue(const Model *m, GpuState *s, int T, int po
     int E = c->n_embd;
     for (int l = 0; l < c->n_layer; l++) {
         const LayerWeights *L = &m->w.layers[l];
+        tap_layer_in(s, l, pos0, T, s->bx);
         rmsnorm_rows(&s->bxh, s->bx, DEV(L->attn_norm), T, E, c->eps, st);
-        if (c->kind[l] == LAYER_DELTANET) deltanet_batch_gpu(m, s, l, T);
+        if (c->kind[l] == LAYER_DELTANET) deltanet_batch_gpu(m, s, l, T, pos0);
         else attention_batch_gpu(m, s, l, T, pos0);
+        tap_dev(s, TAP_FFN_INP, l, pos0, T, s->bx, 0, E, 0, BY_BATCH);
         rmsnorm_rows(&s->bxh, s->bx, DEV(L->ffn_norm), T, E, c->eps, st);
         matmul(&L->w_gate, &s->bxh, T, s->bgate, c->n_ff, NULL, 0, s);
         matmul(&L->w_up, &s->bxh, T, s->bup, c->n_ff, NULL, 0, s);
         silu_mul_rows_kernel<<<T, ROW_THREADS, 0, st>>>(s->bxh, s->bgate, s->bup, c->n_ff);
         KERNEL_CHECK();
         matmul(&L->w_down, &s->bxh, T, s->bx, E, NULL, 1, s);
+        tap_dev(s, TAP_L_OUT, l, pos0, T, s->bx, 0, E, 0, BY_BATCH);
     }
+    tap_result_norm(m, s, pos0, T, s->bx, BY_BATCH);
 }
 
 // Rows tokens[0..T) at positions pos0.. through every layer at once (T <= n_batch); the residual
@@ -6474,6 +6729,7 @@ static void forward_gpu_batch(const Model *m, GpuState *s, const int *tokens /* 
         die("position %d is past the context of %d tokens", pos0 + T - 1, s->n_ctx);
     CUDA_CHECK(cudaStreamSynchronize(st)); // h_bx and h_pos may still feed the last pass's copies
     for (int t = 0; t < T; t++) embed_token(m, tokens[t], s->h_bx + (size_t)t * E);
+    if (s->tap) tap_put(s->tap, TAP_INP_EMBD, 0, pos0, T, s->h_bx, BY_BATCH);
     *s->h_pos = pos0;
     CUDA_CHECK(cudaMemcpyAsync(s->bx, s->h_bx, (size_t)T * E * 4, cudaMemcpyHostToDevice, st));
     CUDA_CHECK(cudaMemcpyAsync(s->pos, s->h_pos, 4, cudaMemcpyHostToDevice, st));
@@ -6887,13 +7143,15 @@ enum {
     MODE_INFO = 64,       // --info
     MODE_BENCH = 128,     // --bench
     MODE_DIFF = 256,      // --diff-logits FILE: another engine's logits against ours
-    N_MODES = 9,
+    MODE_HIDDEN = 512,    // --dump-hidden DIR, --diff-hidden THEIRS: the tensors inside the model
+    N_MODES = 10,
 };
 // one name per MODE_* bit, in the bits' order
 static const char *const MODE_NAMES[N_MODES] = {"generation (-p, -f or --tokens)", "--chat",
                                                 "--perplexity", "--kl-divergence", "--tokenize",
                                                 "--detokenize", "--info", "--bench",
-                                                "--diff-logits"};
+                                                "--diff-logits",
+                                                "--dump-hidden / --diff-hidden"};
 static const char *mode_name(int mode) {
     for (int i = 0; i < N_MODES; i++)
         if (mode == 1 << i) return MODE_NAMES[i];
@@ -6905,6 +7163,10 @@ typedef struct {
     const char *system_prompt, *dump_path, *kld_base_path;
     const char *diff_path, *diff_out; // --diff-logits THEIRS, --diff-out FILE.tsv
     double diff_max_kl;               // --diff-max-kl: the exit status's threshold
+    const char *hidden_dump, *hidden_diff; // --dump-hidden DIR, --diff-hidden THEIRS (or cpu)
+    const char *hidden_filter;        // --hidden-filter REGEX
+    double diff_max_rel;              // --diff-max-rel (-1: the default of the comparison)
+    int diff_inject;                  // --diff-inject: each layer starts from their input
     size_t prompt_len;       // bytes of prompt (-f files may hold NUL bytes)
     char *prompt_buf;        // the -f file's bytes, or NULL
     int mode;                // one MODE_*
@@ -8076,6 +8338,8 @@ static const char *const OPTIONS[][3] = {
     {"-b", "--batch-size"}, {"--temp"}, {"--top-k"}, {"--top-p"}, {"--min-p"}, {"--seed", "-s"},
     {"--dump-logits"}, {"--diff-logits"}, {"--diff-out"}, {"--diff-max-kl"}, {"--cpu"}, {"--bench"},
     {"--info"}, {"--vram-limit"}, {"-ngl", "--n-gpu-layers"}, {"-t", "--threads"},
+    {"--dump-hidden"}, {"--diff-hidden"}, {"--hidden-filter"}, {"--diff-max-rel"},
+    {"--diff-inject"},
 };
 #define N_OPTIONS (int)(sizeof OPTIONS / sizeof OPTIONS[0])
 // Option o given a second time (under any of its spellings) is an error naming it.
@@ -8101,7 +8365,10 @@ static void parse_args(Args *a, int argc, char **argv) {
     a->top_k = 40;
     a->seed = LLAMA_RANDOM_SEED;
     a->diff_max_kl = 1e-3;
-    const int RUN = MODE_GENERATE | MODE_CHAT | MODE_PERPLEXITY | MODE_KLD | MODE_DIFF;
+    a->diff_max_rel = -1;
+    const int RUN =
+        MODE_GENERATE | MODE_CHAT | MODE_PERPLEXITY | MODE_KLD | MODE_DIFF | MODE_HIDDEN;
+    const int PROMPT = MODE_DIFF | MODE_HIDDEN; // the modes that run a prompt and compare
     const int SAMPLE = MODE_GENERATE | MODE_CHAT;
     const char *given_as[N_OPTIONS] = {NULL}; // each option's spelling, once it was given
     for (int i = 1; i < argc; i++) {
@@ -8115,11 +8382,11 @@ static void parse_args(Args *a, int argc, char **argv) {
                                     : die("more than 64 options"))
         if (IS("-m") || IS("--model")) a->model_path = NEXT();
         else if (IS("-p") || IS("--prompt"))
-            a->prompt = NEXT(), FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE | MODE_DIFF);
+            a->prompt = NEXT(), FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE | PROMPT);
         else if (IS("-f") || IS("--file"))
-            a->prompt_file = NEXT(), FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE | MODE_DIFF);
+            a->prompt_file = NEXT(), FOR(SAMPLE | MODE_PERPLEXITY | MODE_TOKENIZE | PROMPT);
         else if (IS("--tokens"))
-            a->tokens_arg = NEXT(), FOR(MODE_GENERATE | MODE_PERPLEXITY | MODE_DIFF);
+            a->tokens_arg = NEXT(), FOR(MODE_GENERATE | MODE_PERPLEXITY | PROMPT);
         else if (IS("--tokenize")) set_mode(a, o, MODE_TOKENIZE);
         else if (IS("--detokenize")) a->detok_arg = NEXT(), set_mode(a, o, MODE_DETOKENIZE);
         else if (IS("--chat") || IS("-cnv") || IS("--conversation")) set_mode(a, o, MODE_CHAT);
@@ -8127,7 +8394,7 @@ static void parse_args(Args *a, int argc, char **argv) {
         else if (IS("--no-think")) a->no_think = 1, FOR(MODE_CHAT);
         else if (IS("--special")) a->special = 1, FOR(SAMPLE); // --detokenize prints them anyway
         else if (IS("--no-parse-special")) // perplexity reads its text as text anyway
-            a->parse_special = 0, FOR(SAMPLE | MODE_TOKENIZE | MODE_DIFF);
+            a->parse_special = 0, FOR(SAMPLE | MODE_TOKENIZE | PROMPT);
         else if (IS("-n") || IS("--n-predict"))
             a->n_predict = arg_int(o, NEXT()), a->n_given = 1, FOR(SAMPLE);
         else if (IS("-c") || IS("--ctx-size"))
@@ -8146,7 +8413,17 @@ static void parse_args(Args *a, int argc, char **argv) {
         else if (IS("--seed") || IS("-s")) a->seed = arg_seed(o, NEXT()), FOR(SAMPLE);
         else if (IS("--dump-logits")) a->dump_path = NEXT(), FOR(MODE_GENERATE);
         else if (IS("--diff-logits")) a->diff_path = NEXT(), set_mode(a, o, MODE_DIFF);
-        else if (IS("--diff-out")) a->diff_out = NEXT(), FOR(MODE_DIFF);
+        else if (IS("--diff-out")) a->diff_out = NEXT(), FOR(PROMPT);
+        else if (IS("--dump-hidden")) a->hidden_dump = NEXT(), set_mode(a, o, MODE_HIDDEN);
+        else if (IS("--diff-hidden")) a->hidden_diff = NEXT(), set_mode(a, o, MODE_HIDDEN);
+        else if (IS("--hidden-filter")) a->hidden_filter = NEXT(), FOR(MODE_HIDDEN);
+        else if (IS("--diff-inject")) a->diff_inject = 1, FOR(MODE_HIDDEN);
+        else if (IS("--diff-max-rel")) {
+            a->diff_max_rel = arg_float(o, NEXT());
+            if (!(a->diff_max_rel >= 0))
+                die("--diff-max-rel %g: a relative error is >= 0", a->diff_max_rel);
+            FOR(MODE_HIDDEN);
+        }
         else if (IS("--diff-max-kl")) {
             a->diff_max_kl = arg_float(o, NEXT());
             if (a->diff_max_kl < 0)
@@ -8226,7 +8503,12 @@ static void parse_args(Args *a, int argc, char **argv) {
     if (a->dump_path && !a->n_given) a->n_predict = 0;
     // --dump-logits is what other engines are diffed against: by default it takes the most exact
     // path, token by token through the decode graph (the batched prompt's products are fp16)
-    if ((a->dump_path || a->diff_path) && !a->batch_given) a->n_batch = 1;
+    if ((a->dump_path || a->diff_path || a->mode == MODE_HIDDEN) && !a->batch_given) a->n_batch = 1;
+    if (a->diff_inject && !a->hidden_diff)
+        die("--diff-inject feeds each layer their residual stream: it needs --diff-hidden THEIRS");
+    if (a->hidden_dump && a->hidden_diff && !strcmp(a->hidden_diff, "cpu"))
+        die("--diff-hidden cpu compares the GPU's paths with --cpu; dump one path alone with "
+            "--dump-hidden (and --cpu or -b)");
     g_n_batch = a->n_batch;
     check_output_paths(a);
     a->prompt_len = a->prompt ? strlen(a->prompt) : 0;
@@ -8344,7 +8626,8 @@ typedef struct {
 // A .npy header: "\x93NUMPY", version (1 byte major, 1 minor), the length of what follows (u16 in
 // version 1, u32 in 2 and 3), then a Python dict such as
 //   {'descr': '<f4', 'fortran_order': False, 'shape': (128, 8193), }
-// Returns 0 with elem, the shape and the data offset, or -1 with err saying what is wrong.
+// Returns 0 with elem, the shape (1 to 4 dims) and the data offset, or -1 with err saying what is
+// wrong.
 static int npy_header(const uint8_t *f, size_t len, int *elem, long long *shape, int *n_dims,
                       size_t *data_off, char *err, size_t errlen) {
     size_t start = f[6] == 1 ? 10 : 12; // magic, version, then the length: u16 (1.0), u32 (2, 3)
@@ -8398,20 +8681,14 @@ static int npy_header(const uint8_t *f, size_t len, int *elem, long long *shape,
         if (*p == ')') break;
         char *end;
         long long v = strtoll(p, &end, 10);
-        if (end == p || v <= 0 || v > INT32_MAX || *n_dims == 3) {
-            snprintf(err, errlen, "the .npy shape is not one of (n_tokens, n_vocab) or "
-                     "(1, n_tokens, n_vocab)");
+        if (end == p || v <= 0 || v > INT32_MAX || *n_dims == 4) {
+            snprintf(err, errlen, "the .npy shape is not 1 to 4 positive sizes");
             return -1;
         }
         shape[(*n_dims)++] = v;
         p = end;
     }
-    if (*n_dims == 3 && shape[0] == 1) { shape[0] = shape[1]; shape[1] = shape[2]; *n_dims = 2; }
-    if (*n_dims != 2) {
-        snprintf(err, errlen, "a .npy of %d dimensions: the shape must be (n_tokens, n_vocab) or "
-                 "(1, n_tokens, n_vocab)", *n_dims);
-        return -1;
-    }
+    if (*n_dims == 0) { snprintf(err, errlen, "a .npy of 0 dimensions (a scalar)"); return -1; }
     return 0;
 }
 
@@ -8449,11 +8726,15 @@ static void their_open(TheirLogits *t, const char *path, int n_rows, int n_vocab
     const uint8_t *f = (const uint8_t *)t->map;
     size_t off = 0;
     if (t->map_len >= 6 && !memcmp(f, "\x93NUMPY", 6)) {
-        long long shape[3];
+        long long shape[4];
         int nd;
         char err[400];
         if (npy_header(f, t->map_len, &t->elem, shape, &nd, &off, err, sizeof err))
             die("--diff-logits '%s': %s", path, err);
+        if (nd == 3 && shape[0] == 1) { shape[0] = shape[1]; shape[1] = shape[2]; nd = 2; }
+        if (nd != 2)
+            die("--diff-logits '%s': a .npy of %d dimension%s: the shape must be (n_tokens, "
+                "n_vocab) or (1, n_tokens, n_vocab)", path, nd, plural_s(nd));
         t->n_rows = (int)shape[0];
         t->n_cols = (int)shape[1];
         snprintf(t->what, sizeof t->what, ".npy, float%d, (%d, %d)", 8 * t->elem, t->n_rows,
@@ -8686,6 +8967,524 @@ static int mode_diff(const Args *a, Model *m, const Tokenizer *tok) {
     return pass ? 0 : 1;
 }
 
+// --- --dump-hidden and --diff-hidden: the tensors inside the model, against another engine's ---
+// --dump-hidden DIR writes each selected tensor of the prompt as DIR/NAME.npy, float32 of shape
+// (n_tokens, width) or (n_tokens, heads, head_dim), and DIR/manifest.tsv: one row per file in the
+// model's order, with the tensor's transformers equivalent and the path that wrote it.
+// --diff-hidden THEIRS compares ours with their files of the same names and says where the two
+// part: the first tensor, in the model's order, whose relative error ||ours - theirs|| / ||theirs||
+// is over --diff-max-rel, and its first token. --diff-inject feeds each layer their residual
+// stream, so that a layer's row shows its own error, not what the layers before it passed on.
+// --diff-hidden cpu compares the GPU's two paths (decode, batched) with the exact C path.
+
+// The default selection: the residual stream (inp_embd, every l_out, the final norm, the logits).
+#define HIDDEN_RESIDUAL "^(inp_embd|l_out-[0-9]+|result_norm|result_output)$"
+
+// A tensor's name, "NAME-l" inside a layer, as llama.cpp's graph prints it.
+static const char *tap_name(const Config *c, int kind, int l, char *buf, size_t cap) {
+    if (kind >= N_LAYER_TAPS) snprintf(buf, cap, "%s", TAP_NAMES[kind]);
+    else snprintf(buf, cap, "%s-%d", TAP_NAMES[kind], l);
+    (void)c;
+    return buf;
+}
+
+// Where transformers computes the same tensor (the manifest's column): a module's output or input,
+// a hidden_states index, or "none:" and how to compute it from what it has. Value heads of qwen35's
+// DeltaNet are in the GGUF's (llama.cpp's) tiled order, not transformers' grouped one.
+static const char *tap_hf(const Config *c, int kind, int l, char *buf, size_t cap) {
+    char p[48];
+    snprintf(p, sizeof p, "model.layers.%d", l);
+    const char *tiled = " (value heads in the GGUF's order)";
+    int qwen35 = c->arch == ARCH_QWEN35;
+    switch (kind) {
+    case TAP_INP_EMBD: snprintf(buf, cap, "model.embed_tokens output (hidden_states[0])"); break;
+    case TAP_ATTN_NORM: snprintf(buf, cap, "%s.input_layernorm output", p); break;
+    case TAP_QCUR: snprintf(buf, cap, "none: %s.self_attn.%s output after RoPE", p,
+                            c->arch == ARCH_QWEN2 ? "q_proj" : "q_norm"); break;
+    case TAP_KCUR: snprintf(buf, cap, "none: %s.self_attn.%s output after RoPE", p,
+                            c->arch == ARCH_QWEN2 ? "k_proj" : "k_norm"); break;
+    case TAP_VCUR: snprintf(buf, cap, "%s.self_attn.v_proj output", p); break;
+    case TAP_KQV_OUT:
+        if (qwen35) snprintf(buf, cap, "none: %s.self_attn.o_proj input before the gate", p);
+        else snprintf(buf, cap, "%s.self_attn.o_proj input", p);
+        break;
+    case TAP_ATTN_GATED: snprintf(buf, cap, "%s.self_attn.o_proj input", p); break;
+    case TAP_ATTN_OUT: snprintf(buf, cap, "%s.self_attn.o_proj output", p); break;
+    case TAP_QKV_MIXED: snprintf(buf, cap, "%s.linear_attn.in_proj_qkv output%s", p, tiled); break;
+    case TAP_Z: snprintf(buf, cap, "%s.linear_attn.in_proj_z output%s", p, tiled); break;
+    case TAP_BETA: snprintf(buf, cap, "none: sigmoid(%s.linear_attn.in_proj_b output)%s", p, tiled);
+        break;
+    case TAP_GATE: snprintf(buf, cap, "none: softplus(%s.linear_attn.in_proj_a output + dt_bias) * "
+                            "-exp(A_log)%s", p, tiled); break;
+    case TAP_CONV: snprintf(buf, cap, "none: silu(%s.linear_attn.conv1d output[..., :T])%s", p,
+                            tiled); break;
+    case TAP_Q_CONV: snprintf(buf, cap, "none: l2norm of the conv output's q"); break;
+    case TAP_K_CONV: snprintf(buf, cap, "none: l2norm of the conv output's k"); break;
+    case TAP_V_CONV: snprintf(buf, cap, "none: the conv output's v%s", tiled); break;
+    case TAP_DELTA_OUT: snprintf(buf, cap, "%s.linear_attn.norm input%s", p, tiled); break;
+    case TAP_FINAL_OUT: snprintf(buf, cap, "%s.linear_attn.norm output%s", p, tiled); break;
+    case TAP_LINEAR_OUT: snprintf(buf, cap, "%s.linear_attn.out_proj output", p); break;
+    case TAP_FFN_INP: snprintf(buf, cap, "%s.post_attention_layernorm input", p); break;
+    case TAP_FFN_NORM: snprintf(buf, cap, "%s.post_attention_layernorm output", p); break;
+    case TAP_FFN_OUT: snprintf(buf, cap, "%s.mlp output", p); break;
+    case TAP_L_OUT: // transformers' last hidden state is after the final norm, not this
+        if (l < c->n_layer - 1) snprintf(buf, cap, "%s output (hidden_states[%d])", p, l + 1);
+        else snprintf(buf, cap, "%s output (not hidden_states[%d]: that is after model.norm)", p,
+                      l + 1);
+        break;
+    case TAP_RESULT_NORM: snprintf(buf, cap, "model.norm output (hidden_states[%d])", c->n_layer);
+        break;
+    default: snprintf(buf, cap, "lm_head output (the logits)"); break;
+    }
+    return buf;
+}
+
+// Every tensor of the model in its order: slot by slot, (kind, layer) pairs the model has. Returns
+// the count; kinds/layers get them.
+static int tap_list(const Config *c, int *kinds, int *layers) {
+    int n = 0, dims[2];
+    kinds[n] = TAP_INP_EMBD, layers[n++] = 0;
+    for (int l = 0; l < c->n_layer; l++)
+        for (int k = 0; k < N_LAYER_TAPS; k++)
+            if (tap_shape(c, k, l, dims)) kinds[n] = k, layers[n++] = l;
+    kinds[n] = TAP_RESULT_NORM, layers[n++] = 0;
+    kinds[n] = TAP_RESULT_OUTPUT, layers[n++] = 0;
+    return n;
+}
+#define MAX_TAPS ((MAX_LAYERS + 1) * N_TAPS)
+
+// A tap keeping every tensor whose name matches the regular expression (POSIX extended).
+static void tap_init(Tap *tp, const Config *c, int n_tok, const char *filter) {
+    regex_t re;
+    char name[64], err[200];
+    int rc = regcomp(&re, filter, REG_EXTENDED | REG_NOSUB);
+    if (rc) {
+        regerror(rc, &re, err, sizeof err);
+        die("--hidden-filter '%s': %s", filter, err);
+    }
+    memset(tp, 0, sizeof *tp);
+    tp->c = c;
+    tp->n_tok = n_tok;
+    size_t n_slots = (size_t)(c->n_layer + 1) * N_TAPS;
+    tp->data = (float **)xcalloc(n_slots, sizeof(float *), "the tapped tensors");
+    tp->by = (const char **)xcalloc(n_slots, sizeof(char *), "the tapped tensors");
+    int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(c, kinds, layers), kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (regexec(&re, tap_name(c, kinds[i], layers[i], name, sizeof name), 0, NULL, 0)) continue;
+        tp->data[tap_slot(c, kinds[i], layers[i])] = (float *)xcalloc(
+            (size_t)n_tok * tap_width(c, kinds[i], layers[i]), 4, "the tapped tensors");
+        kept++;
+    }
+    regfree(&re);
+    if (!kept) die("--hidden-filter '%s' matches no tensor of this model (names such as l_out-0, "
+                   "Qcur-0, ffn_out-0, result_norm)", filter);
+}
+
+static void tap_free(Tap *tp) {
+    for (size_t i = 0; i < (size_t)(tp->c->n_layer + 1) * N_TAPS; i++) free(tp->data[i]);
+    free(tp->data);
+    free(tp->by);
+    free(tp->inject);
+}
+
+// The logits of each prompt token, from engine_eval (every path hands them out the same way).
+static void tap_logits(void *ctx, int i, const float *logits) {
+    Tap *tp = (Tap *)ctx;
+    check_finite(logits, tp->c->n_vocab, i, 0);
+    tap_put(tp, TAP_RESULT_OUTPUT, 0, i, 1, logits, NULL);
+}
+
+// The prompt through the model on one path with the tap attached: the CPU (use_gpu 0), the GPU's
+// decode (n_batch 1) or its batched pass.
+static void tap_run(Tap *tp, Model *m, const int *ids, int n, int use_gpu, int n_batch) {
+    Engine e;
+    g_n_batch = n_batch;
+    engine_init_run(&e, m, use_gpu, n, n);
+    if (use_gpu) e.gpu.tap = tp;
+    else e.cpu.tap = tp;
+    engine_eval(&e, ids, n, 0, 0, tap_logits, tp);
+    // the logits' path: the one the rest of the run took
+    const char *path = !use_gpu ? "cpu" : e.gpu.n_batch && n > 1 ? BY_BATCH : BY_DECODE;
+    tp->by[tap_slot(&m->c, TAP_RESULT_OUTPUT, 0)] = path;
+    engine_free(&e);
+}
+
+// One tensor of a tap as DIR/NAME.npy: float32, C order, shape (n_tok, dims...).
+static void npy_write(const char *dir, const Tap *tp, int kind, int l) {
+    char name[64], path[PATH_MAX], shape[64], hdr[160];
+    int dims[2], nd = tap_shape(tp->c, kind, l, dims);
+    tap_name(tp->c, kind, l, name, sizeof name);
+    if (snprintf(path, sizeof path, "%s/%s.npy", dir, name) >= (int)sizeof path)
+        die("--dump-hidden '%s': the path is too long", dir);
+    if (nd == 1) snprintf(shape, sizeof shape, "(%d, %d)", tp->n_tok, dims[0]);
+    else snprintf(shape, sizeof shape, "(%d, %d, %d)", tp->n_tok, dims[0], dims[1]);
+    // the header: magic, version 1.0, its length (u16), then the dict padded with spaces and a
+    // newline so that the data starts at a multiple of 64 bytes
+    int len = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': %s, }",
+                       shape);
+    int total = (10 + len + 1 + 63) / 64 * 64;
+    while (10 + len + 1 < total) hdr[len++] = ' ';
+    hdr[len++] = '\n';
+    uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(len & 255),
+                       (uint8_t)(len >> 8)};
+    FILE *f = output_open("--dump-hidden", path);
+    fwrite(pre, 1, 10, f);
+    fwrite(hdr, 1, len, f);
+    fwrite(tp->data[tap_slot(tp->c, kind, l)], 4, (size_t)tp->n_tok * tap_width(tp->c, kind, l), f);
+    output_close(f, "--dump-hidden", path);
+}
+
+// --dump-hidden DIR: every tensor the run wrote, then the manifest.
+static void dump_hidden(const char *dir, const Tap *tp) {
+    struct stat st;
+    if (stat(dir, &st) != 0 && mkdir(dir, 0777) != 0)
+        die("--dump-hidden '%s': cannot create the directory: %s", dir, strerror(errno));
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        die("--dump-hidden '%s' exists and is not a directory", dir);
+    char mpath[PATH_MAX], name[64], hf[200];
+    snprintf(mpath, sizeof mpath, "%s/manifest.tsv", dir);
+    int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(tp->c, kinds, layers), files = 0;
+    for (int i = 0; i < n; i++)
+        if (tp->by[tap_slot(tp->c, kinds[i], layers[i])]) npy_write(dir, tp, kinds[i], layers[i]);
+    FILE *f = output_open("--dump-hidden", mpath);
+    fprintf(f, "file\tlayer\tname\tshape\ttransformers\twritten_by\n");
+    for (int i = 0; i < n; i++) {
+        int k = kinds[i], l = layers[i], dims[2], nd = tap_shape(tp->c, k, l, dims);
+        const char *by = tp->by[tap_slot(tp->c, k, l)];
+        if (!by) continue;
+        tap_name(tp->c, k, l, name, sizeof name);
+        fprintf(f, "%s.npy\t%d\t%s\t%d,%d", name, k < N_LAYER_TAPS ? l : -1, name, tp->n_tok,
+                dims[0]);
+        if (nd == 2) fprintf(f, ",%d", dims[1]);
+        fprintf(f, "\t%s\t%s%s\n", tap_hf(tp->c, k, l, hf, sizeof hf), by,
+                k == TAP_RESULT_NORM && strcmp(by, "cpu") ? " (C rmsnorm of its l_out rows)" : "");
+        files++;
+    }
+    output_close(f, "--dump-hidden", mpath);
+    fprintf(stderr, "dump-hidden: %d tensor%s of %d token%s in %s/ (manifest.tsv)\n", files,
+            plural_s(files), tp->n_tok, plural_s(tp->n_tok), dir);
+}
+
+// The tensor named `name` ("l_out-3", "result_norm"): its kind and layer, or -1.
+static int tap_parse(const Config *c, const char *name, int *layer) {
+    for (int k = 0; k < N_TAPS; k++) {
+        size_t n = strlen(TAP_NAMES[k]);
+        if (strncmp(name, TAP_NAMES[k], n)) continue;
+        if (k >= N_LAYER_TAPS && !name[n]) { *layer = 0; return k; }
+        char *end;
+        if (k < N_LAYER_TAPS && name[n] == '-' && isdigit((unsigned char)name[n + 1])) {
+            long l = strtol(name + n + 1, &end, 10);
+            if (!*end && l < INT32_MAX) { *layer = (int)l; return k; }
+        }
+    }
+    (void)c;
+    return -1;
+}
+
+// Their manifest.tsv, when they wrote one: every row that names one of our tensors must fit this
+// model (its layer exists, and has the tensor, of our width). Rows of other names are theirs.
+static void their_manifest(const char *dir, const Config *c) {
+    char path[PATH_MAX], line[4096];
+    snprintf(path, sizeof path, "%s/manifest.tsv", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    for (int ln = 1; fgets(line, sizeof line, f); ln++) {
+        char *col[4] = {line, NULL, NULL, NULL};
+        for (int k = 1; k < 4 && col[k - 1]; k++) {
+            char *tab = strchr(col[k - 1], '\t');
+            if (tab) *tab = 0, col[k] = tab + 1;
+        }
+        if (ln == 1 || !col[3]) continue; // the header; a row without a shape
+        char *nl = strpbrk(col[3], "\t\r\n");
+        if (nl) *nl = 0;
+        int l, kind = tap_parse(c, col[2], &l), dims[2];
+        if (kind < 0) continue;
+        if (kind < N_LAYER_TAPS && l >= c->n_layer)
+            die("--diff-hidden '%s': manifest.tsv line %d names %s, but this model has %d layers",
+                dir, ln, col[2], c->n_layer);
+        int nd = tap_shape(c, kind, l, dims);
+        if (!nd)
+            die("--diff-hidden '%s': manifest.tsv line %d names %s, which layer %d of this model "
+                "does not have (its layers: %s)", dir, ln, col[2], l,
+                c->kind[l] == LAYER_DELTANET ? "Gated DeltaNet" : "attention");
+        long long w = 1, v;
+        char *p = strchr(col[3], ','), *end; // the shape after the tokens
+        for (; p; p = *end == ',' ? end : NULL) {
+            v = strtoll(p + 1, &end, 10);
+            w *= v;
+        }
+        if (w != (long long)tap_width(c, kind, l))
+            die("--diff-hidden '%s': manifest.tsv line %d: %s has %lld values per token; this "
+                "model's has %zu", dir, ln, col[2], w, tap_width(c, kind, l));
+    }
+    fclose(f);
+}
+
+// Their tensors: DIR/NAME.npy for each tensor `ours` keeps, read into `theirs` (a tap of the same
+// selection; a file they lack leaves the slot empty and is listed). float16, 32 or 64, of shape
+// (n_tok, our dims) or (n_tok, width); any other shape, fewer or more tokens, a value that is not
+// finite: one line naming the file, and exit 1.
+static int their_hidden(Tap *theirs, const Tap *ours, const char *dir, char *missing, size_t cap) {
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        die("--diff-hidden '%s': no such directory", dir);
+    their_manifest(dir, ours->c);
+    const Config *c = ours->c;
+    memset(theirs, 0, sizeof *theirs);
+    theirs->c = c;
+    theirs->n_tok = ours->n_tok;
+    size_t n_slots = (size_t)(c->n_layer + 1) * N_TAPS;
+    theirs->data = (float **)xcalloc(n_slots, sizeof(float *), "their tensors");
+    theirs->by = (const char **)xcalloc(n_slots, sizeof(char *), "their tensors");
+    int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(c, kinds, layers), found = 0, n_miss = 0;
+    size_t mlen = 0;
+    missing[0] = 0;
+    for (int i = 0; i < n; i++) {
+        int k = kinds[i], l = layers[i], dims[2], nd = tap_shape(c, k, l, dims);
+        size_t slot = tap_slot(c, k, l), w = tap_width(c, k, l), T = (size_t)ours->n_tok;
+        if (!ours->data[slot]) continue;
+        char name[64], path[PATH_MAX], err[400];
+        tap_name(c, k, l, name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+        FILE *f = fopen(path, "rb");
+        if (!f) {
+            if (mlen + 64 < cap) mlen += snprintf(missing + mlen, cap - mlen, "%s%s",
+                                                  n_miss ? ", " : "", name);
+            else if (mlen + 5 < cap) mlen += snprintf(missing + mlen, cap - mlen, ", ...");
+            n_miss++;
+            continue;
+        }
+        size_t len = fstat(fileno(f), &st) == 0 ? (size_t)st.st_size : 0;
+        uint8_t *buf = (uint8_t *)xmalloc(len + 1, "their tensor");
+        if (!S_ISREG(st.st_mode) || fread(buf, 1, len, f) != len)
+            die("--diff-hidden: cannot read '%s'", path);
+        fclose(f);
+        long long shape[4];
+        int snd, elem;
+        size_t off;
+        if (len < 10 || memcmp(buf, "\x93NUMPY", 6))
+            die("--diff-hidden: '%s' is not a .npy file", path);
+        if (npy_header(buf, len, &elem, shape, &snd, &off, err, sizeof err))
+            die("--diff-hidden: '%s': %s", path, err);
+        if (shape[0] != (long long)T)
+            die("--diff-hidden: '%s' holds %lld token%s; the prompt has %zu: dump them for the "
+                "same tokens", path, shape[0], plural_s(shape[0]), T);
+        int fits = (snd == 2 && shape[1] == (long long)w) ||
+                   (snd == nd + 1 && shape[1] == dims[0] && (nd == 1 || shape[2] == dims[1]));
+        if (!fits) {
+            char sh[80], ok[48];
+            int p = snprintf(sh, sizeof sh, "(%lld", shape[0]);
+            for (int d = 1; d < snd; d++) p += snprintf(sh + p, sizeof sh - p, ", %lld", shape[d]);
+            if (nd == 1) snprintf(ok, sizeof ok, "(%zu, %d)", T, dims[0]);
+            else snprintf(ok, sizeof ok, "(%zu, %d, %d)", T, dims[0], dims[1]);
+            die("--diff-hidden: '%s' has the shape %s); this model's %s is %s", path, sh, name,
+                ok);
+        }
+        if (len - off != T * w * elem)
+            die("--diff-hidden: '%s': %zu values of float%d are %zu bytes, and %zu follow the "
+                "header", path, T * w, 8 * elem, T * w * elem, len - off);
+        float *d = theirs->data[slot] = (float *)xmalloc(T * w * 4, "their tensor");
+        for (size_t i2 = 0; i2 < T * w; i2++) {
+            const uint8_t *v = buf + off + i2 * elem;
+            double x;
+            if (elem == 2) { uint16_t h; memcpy(&h, v, 2); x = fp16_to_f32(h); }
+            else if (elem == 4) { float g; memcpy(&g, v, 4); x = g; }
+            else memcpy(&x, v, 8);
+            if (!isfinite(x) || fabs(x) > FLT_MAX)
+                die("--diff-hidden: '%s': value %zu (token %zu) is %s", path, i2 % w, i2 / w,
+                    isfinite(x) ? "past float32's range" : "not finite");
+            d[i2] = (float)x;
+        }
+        theirs->by[slot] = "theirs";
+        free(buf);
+        found++;
+    }
+    if (!found) die("--diff-hidden '%s': none of the %s selected tensors is there (NAME.npy, "
+                    "names such as l_out-0.npy)", dir, n_miss == 1 ? "one" : "");
+    return n_miss;
+}
+
+// One tensor's comparison, ours against theirs over every token.
+typedef struct {
+    int kind, layer;
+    double rel;           // ||ours - theirs|| / ||theirs||
+    double cosine;        // ours . theirs / (||ours|| ||theirs||)
+    double max_d;         // max |ours - theirs|, at (token, channel)
+    int max_t, max_ch;
+    int first_t;          // the first token whose own relative error is over the threshold, or -1
+    double first_rel;     // that token's relative error
+} HiddenDiff;
+
+static HiddenDiff hidden_diff_one(const Tap *ours, const Tap *theirs, int kind, int l,
+                                  double max_rel) {
+    size_t slot = tap_slot(ours->c, kind, l), w = tap_width(ours->c, kind, l);
+    const float *a = ours->data[slot], *b = theirs->data[slot];
+    HiddenDiff r = {kind, l, 0, 0, 0, 0, 0, -1, 0};
+    double d2 = 0, a2 = 0, b2 = 0, ab = 0;
+    for (int t = 0; t < ours->n_tok; t++) {
+        double td2 = 0, tb2 = 0;
+        for (size_t i = 0; i < w; i++) {
+            double x = a[t * w + i], y = b[t * w + i], d = x - y;
+            td2 += d * d;
+            tb2 += y * y;
+            a2 += x * x;
+            ab += x * y;
+            if (fabs(d) > r.max_d) r.max_d = fabs(d), r.max_t = t, r.max_ch = (int)i;
+        }
+        d2 += td2;
+        b2 += tb2;
+        double trel = td2 == 0 ? 0 : tb2 == 0 ? INFINITY : sqrt(td2 / tb2);
+        if (r.first_t < 0 && trel > max_rel) r.first_t = t, r.first_rel = trel;
+    }
+    r.rel = d2 == 0 ? 0 : b2 == 0 ? INFINITY : sqrt(d2 / b2);
+    r.cosine = a2 == 0 && b2 == 0 ? 1 : a2 == 0 || b2 == 0 ? 0 : ab / sqrt(a2 * b2);
+    return r;
+}
+
+// The table of one path against theirs, in the model's order, and its verdict; returns 1 when a
+// tensor's relative error is over max_rel. tsv, if given, gets every row.
+static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, double max_rel,
+                         const char *missing, int n_miss, FILE *tsv) {
+    const Config *c = ours->c;
+    int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(c, kinds, layers), n_cmp = 0, n_off = 0;
+    HiddenDiff first = {0, 0, 0, 0, 0, 0, 0, -1, 0}, worst = first;
+    double prev = -1;
+    char name[64], g[32], at[32];
+    printf("diff-hidden: %s, %d token%s\n", what, ours->n_tok, plural_s(ours->n_tok));
+    printf("  %-26s %10s %10s %10s  %-13s %8s  %s\n", "tensor", "rel.err", "cosine", "max|d|",
+           "at tok,ch", "growth", "ours from");
+    for (int i = 0; i < n; i++) {
+        size_t slot = tap_slot(c, kinds[i], layers[i]);
+        if (!ours->data[slot] || !theirs->data[slot]) continue;
+        if (!ours->by[slot]) { n_off++; continue; } // a tensor this path does not materialize
+        HiddenDiff r = hidden_diff_one(ours, theirs, kinds[i], layers[i], max_rel);
+        tap_name(c, kinds[i], layers[i], name, sizeof name);
+        // growth: this tensor's error over the one before it (1: passed on unchanged)
+        if (prev > 0) snprintf(g, sizeof g, "%.3g", r.rel / prev);
+        else snprintf(g, sizeof g, "-");
+        snprintf(at, sizeof at, "%d,%d", r.max_t, r.max_ch);
+        printf("  %-26s %10.3g %10.7f %10.3g  %-13s %8s  %s\n", name, r.rel, r.cosine, r.max_d,
+               r.max_d > 0 ? at : "-", g, ours->by[slot]);
+        if (tsv)
+            fprintf(tsv, "%s\t%s\t%d\t%.6g\t%.9f\t%.6g\t%d\t%d\t%s\t%d\n", what, name,
+                    kinds[i] < N_LAYER_TAPS ? layers[i] : -1, r.rel, r.cosine, r.max_d, r.max_t,
+                    r.max_ch, g, r.first_t);
+        if (first.first_t < 0 && r.rel > max_rel) first = r;
+        if (r.rel > worst.rel || !n_cmp) worst = r;
+        prev = r.rel;
+        n_cmp++;
+    }
+    if (n_miss) printf("not in theirs (skipped): %s\n", missing);
+    if (n_off) printf("not written by this path (the kernels fuse them; --cpu writes every one): "
+                      "%d tensor%s\n", n_off, plural_s(n_off));
+    tap_name(c, worst.kind, worst.layer, name, sizeof name);
+    printf("largest relative error: %.3g (%s)\n", worst.rel, n_cmp ? name : "-");
+    if (first.first_t < 0) {
+        printf("first tensor over --diff-max-rel %g: none\n", max_rel);
+        return 0;
+    }
+    tap_name(c, first.kind, first.layer, name, sizeof name);
+    printf("first tensor over --diff-max-rel %g: %s (relative error %.3g), first at token %d "
+           "(%.3g there)\n", max_rel, name, first.rel, first.first_t, first.first_rel);
+    return 1;
+}
+
+// Self-diff's threshold (--diff-hidden cpu without --diff-max-rel): the GPU's 8-bit (decode) and
+// fp16 (batched) activations leave each tensor within about HIDDEN_GPU_REL of the exact path.
+#define HIDDEN_GPU_REL 0.05
+// Against another dump: the exact path against transformers' float64 stays within 1e-5.
+#define HIDDEN_MAX_REL 1e-4
+
+// --dump-hidden DIR and/or --diff-hidden THEIRS|cpu.
+static int mode_hidden(const Args *a, Model *m, const Tokenizer *tok) {
+    const Config *c = &m->c;
+    int *ids = NULL, n = 0, self = a->hidden_diff && !strcmp(a->hidden_diff, "cpu");
+    if (a->tokens_arg) n = parse_ids("--tokens", a->tokens_arg, &ids);
+    else if (a->prompt) n = tokenizer_encode(tok, a->prompt, a->prompt_len, a->parse_special, &ids);
+    const char *opt = a->hidden_dump ? "--dump-hidden" : "--diff-hidden";
+    if (n == 0) die("%s needs a prompt: --tokens, -p or -f", opt);
+    check_tokens(c->n_vocab, ids, n, "prompt token");
+    check_prompt_fits(n, c->n_ctx_train, c->n_ctx_train); // the engine is sized to the prompt
+    if (self && a->use_cpu) die("--diff-hidden cpu compares the GPU with --cpu: leave --cpu out");
+    // --diff-inject needs their whole residual stream, whatever the filter keeps
+    char filter[600];
+    const char *f = a->hidden_filter ? a->hidden_filter : HIDDEN_RESIDUAL;
+    if (strlen(f) > 400) die("--hidden-filter: a regular expression of %zu bytes", strlen(f));
+    if (a->diff_inject) snprintf(filter, sizeof filter, "(%s)|%s", f, HIDDEN_RESIDUAL);
+    else snprintf(filter, sizeof filter, "%s", f);
+    double max_rel = a->diff_max_rel >= 0 ? a->diff_max_rel : self ? HIDDEN_GPU_REL
+                                                                     : HIDDEN_MAX_REL;
+    Tap ours, theirs;
+    tap_init(&ours, c, n, filter);
+    char missing[2000] = "";
+    int n_miss = 0, rc = 0;
+    FILE *tsv = NULL;
+    if (a->hidden_diff) {
+        if (self) { // theirs: the exact C path
+            tap_init(&theirs, c, n, filter);
+            fprintf(stderr, "diff-hidden: the reference, --cpu\n");
+            tap_run(&theirs, m, ids, n, 0, 1);
+        } else {
+            n_miss = their_hidden(&theirs, &ours, a->hidden_diff, missing, sizeof missing);
+        }
+        if (a->diff_inject) { // layer l starts from their inp_embd (l = 0) or l_out-(l-1)
+            ours.inject = (const float **)xcalloc(c->n_layer, sizeof(float *), "--diff-inject");
+            for (int l = 0; l < c->n_layer; l++) {
+                const float *in = theirs.data[tap_slot(c, l ? TAP_L_OUT : TAP_INP_EMBD, l - 1)];
+                if (!in || !theirs.by[tap_slot(c, l ? TAP_L_OUT : TAP_INP_EMBD, l - 1)]) {
+                    char nm[64];
+                    die("--diff-inject needs their residual stream: %s.npy is missing",
+                        l ? tap_name(c, TAP_L_OUT, l - 1, nm, sizeof nm) : "inp_embd");
+                }
+                ours.inject[l] = in;
+            }
+        }
+        if (a->diff_out) {
+            tsv = output_open("--diff-out", a->diff_out);
+            fprintf(tsv, "path\ttensor\tlayer\trel_err\tcosine\tmax_abs_d\tmax_token\tmax_channel"
+                    "\tgrowth\tfirst_token_over\n");
+        }
+    }
+    const char *inj =
+        a->diff_inject ? ", each layer fed their residual stream (--diff-inject)" : "";
+    char what[300];
+    if (self) { // the GPU's two paths against the C path
+        int nb = a->batch_given ? a->n_batch : 512;
+        for (int p = 0; p < 2; p++) {
+            if (p) { // a fresh tap for the batched pass
+                Tap t2;
+                tap_init(&t2, c, n, filter);
+                t2.inject = ours.inject;
+                ours.inject = NULL;
+                tap_free(&ours);
+                ours = t2;
+            }
+            tap_run(&ours, m, ids, n, 1, p ? nb : 1);
+            snprintf(what, sizeof what, "the GPU's %s against --cpu%s", p ? "batched pass" :
+                     "decode (-b 1)", inj);
+            rc |= hidden_report(&ours, &theirs, what, max_rel, "", 0, tsv);
+            if (p == 0) printf("\n");
+        }
+    } else {
+        tap_run(&ours, m, ids, n, !a->use_cpu, a->n_batch);
+        if (a->hidden_dump) dump_hidden(a->hidden_dump, &ours);
+        if (a->hidden_diff) {
+            snprintf(what, sizeof what, "ours (%s) against %s%s", a->use_cpu ? "--cpu"
+                     : a->n_batch > 1 ? "the GPU's batched pass" : "the GPU's decode",
+                     a->hidden_diff, inj);
+            rc = hidden_report(&ours, &theirs, what, max_rel, missing, n_miss, tsv);
+        }
+    }
+    if (tsv) output_close(tsv, "--diff-out", a->diff_out);
+    if (a->hidden_diff) {
+        printf("result: %s\n", rc ? "FAIL" : "PASS");
+        tap_free(&theirs);
+    }
+    tap_free(&ours);
+    free(ids);
+    return rc;
+}
+
 // The model's config and weights (exits naming the problem when the file holds no runnable model),
 // -c capped at the context it was trained for, and the model's line on stderr.
 static void load_model(Args *a, Model *m) {
@@ -8746,10 +9545,11 @@ int main(int argc, char **argv) {
             run_bench(&m, a.n_ctx);
         } else if (a.mode == MODE_PERPLEXITY || a.mode == MODE_KLD) {
             rc = mode_perplexity(&a, &m, have_tok ? &tok : NULL, tok_err);
-        } else if (a.mode == MODE_DIFF) {
+        } else if (a.mode == MODE_DIFF || a.mode == MODE_HIDDEN) {
             if (!have_tok && a.prompt)
                 die("%s: %s (pass the prompt as ids with --tokens)", a.model_path, tok_err);
-            rc = mode_diff(&a, &m, have_tok ? &tok : NULL);
+            rc = a.mode == MODE_DIFF ? mode_diff(&a, &m, have_tok ? &tok : NULL)
+                                     : mode_hidden(&a, &m, have_tok ? &tok : NULL);
         } else {
             if (!have_tok && a.mode == MODE_CHAT) // --tokens is no chat turn
                 die("%s: %s; --chat needs the file's tokenizer", a.model_path, tok_err);

@@ -4890,6 +4890,7 @@ static void test_gpu_prefill_rows(void) {
 
 #include "test_quantize.h"
 #include "test_trained.h"
+#include "test_hidden.h"
 #include "fuzz_targets.h"
 
 int main(int argc, char **argv) {
@@ -4951,6 +4952,7 @@ int main(int argc, char **argv) {
     test_perplexity();
     test_models(0);
     if (!gpu_only) test_trained(0);
+    if (!gpu_only) test_hidden();
 
     test_gpu_quantize();
     for (g_mv_mode = MV_STREAM; g_mv_mode <= MV_BLOCKS; g_mv_mode++) { // both fast mat-vec kernels
@@ -4968,6 +4970,7 @@ int main(int argc, char **argv) {
     test_gpu_prefill_rows();
     test_models(1);
     test_trained(1);
+    test_hidden_gpu();
     printf("%d passed, %d failed, %d skipped\n", n_pass, n_fail, n_skip);
     return n_fail ? 1 : 0;
 }

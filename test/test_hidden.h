@@ -1,0 +1,281 @@
+// test_hidden.h — --dump-hidden and --diff-hidden (included by test_qwen.cu).
+//
+// The tool must name the right place when a port goes wrong. The ports here are the trained models
+// with one planted bug each, against the clean file's --cpu dump (what transformers computes, to
+// the 1e-5 that test_hidden_hf checks):
+//   - one weight of layer 3's attn_q: with the intermediates, Qcur-3 diverges first, at token 0;
+//     with the residual stream alone, l_out-3, at token 1 (at token 0 the attention has one key,
+//     so its output is v whatever q is);
+//   - a wrong rope.freq_base: Qcur-0 first, and token 0 is clean (RoPE turns it by angle 0);
+//   - qwen35's layer 1 ssm_a (head 0's set to 0, no decay): layer 1's DeltaNet diverges first
+//     (its gate, at token 0), but its output only from token 1 (the state it decays is zero at token 0): l_out-1 at token 1;
+//   - the last layer's ffn_down, with --diff-inject: only that layer's row is over the threshold.
+// Then every kind of bad input, and on the GPU, both paths against --cpu on every fixture.
+
+// A copy of model `src` at `dst` with the bytes at [at, at + n) of tensor `tensor` (or of the
+// value of metadata key `key`) replaced by `bytes`.
+static void plant(const char *src, const char *dst, const char *tensor, const char *key, size_t at,
+                  const void *bytes, size_t n) {
+    GGUF g;
+    if (gguf_open(&g, src) != 0) die("test: %s", g.err);
+    const uint8_t *p = NULL;
+    if (tensor) {
+        const GGUFTensor *t = gguf_tensor(&g, tensor);
+        if (!t || at + n > t->nbytes) die("test: no tensor %s in %s", tensor, src);
+        p = t->data;
+    } else {
+        const GGUFKV *kv = gguf_find(&g, key);
+        if (!kv) die("test: no key %s in %s", key, src);
+        p = kv->data;
+    }
+    size_t off = (size_t)(p - g.base) + at, len = g.size;
+    uint8_t *copy = (uint8_t *)xmalloc(len, "a test");
+    memcpy(copy, g.base, len);
+    memcpy(copy + off, bytes, n);
+    write_file(dst, copy, len);
+    free(copy);
+    gguf_close(&g);
+}
+
+// The first tensor over the threshold and its token, as the report names them ("Qcur-3", 0), from
+// the output of a --diff-hidden run; 0 when there is none.
+static int hidden_first(const char *out, char *name, size_t cap, int *token) {
+    const char *p = strstr(out, "first tensor over --diff-max-rel");
+    if (!p || !(p = strchr(p, ':')) || !strncmp(p, ": none", 6)) return 0;
+    int n = 0;
+    p += 2;
+    while (p[n] && p[n] != ' ' && n + 1 < (int)cap) name[n] = p[n], n++;
+    name[n] = 0;
+    const char *t = strstr(p, "first at token ");
+    *token = t ? atoi(t + 15) : -1;
+    return 1;
+}
+
+// One row of a --diff-out table: the relative error of `tensor` and its first token over the
+// threshold (-1: none); 0 when the table has no such row.
+static int hidden_row(const char *tsv_path, const char *tensor, double *rel, int *first) {
+    char *t = read_file(tsv_path, NULL), key[80];
+    if (!t) return 0;
+    snprintf(key, sizeof key, "\t%s\t", tensor);
+    const char *p = strstr(t, key);
+    int ok = 0;
+    if (p) { // path, tensor, layer, rel, cosine, max_d, max_token, max_channel, growth, first
+        const char *f = p + strlen(key);
+        int col = 2;
+        *rel = -1;
+        for (; *f && *f != '\n'; f++) {
+            if (col == 3 && f[-1] == '\t') *rel = atof(f);
+            if (col == 9 && f[-1] == '\t') *first = atoi(f), ok = 1;
+            if (*f == '\t') col++;
+        }
+    }
+    free(t);
+    return ok;
+}
+
+static void test_hidden(void) {
+    static char q3[512], q35[512], ids[512], out[1 << 17], cmd[3072];
+    snprintf(q3, sizeof q3, "%s/trained/qwen3-f16.gguf", DATA);
+    snprintf(q35, sizeof q35, "%s/trained/qwen35-f16.gguf", DATA);
+    if (!need_fixture(q3, "hidden: the trained models") || !need_fixture(q35, "hidden")) return;
+    // the held-out sample's first 16 tokens
+    char path[600];
+    snprintf(path, sizeof path, "%s/trained/sample-ids.txt", DATA);
+    char *all = read_file(path, NULL);
+    if (!all) { check(0, "hidden: the sample's ids"); return; }
+    int k = 0, commas = 0;
+    for (; all[k] && commas < 16 && k < (int)sizeof ids - 1; k++) commas += all[k] == ',';
+    snprintf(ids, sizeof ids, "%.*s", k - 1, all);
+    free(all);
+    char d3[256], d35[256], bad[256], tsv[256];
+    snprintf(d3, sizeof d3, "%s/hidden-q3", TMP);
+    snprintf(d35, sizeof d35, "%s/hidden-q35", TMP);
+    snprintf(bad, sizeof bad, "%s/hidden-bad.gguf", TMP);
+    snprintf(tsv, sizeof tsv, "%s/hidden.tsv", TMP);
+    // the clean files' dumps, every tensor
+    for (int a = 0; a < 2; a++) {
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --dump-hidden %s --hidden-filter "
+                 "'.*' 2>&1", QWEN, a ? q35 : q3, ids, a ? d35 : d3);
+        int rc = run_cmd(cmd, out, sizeof out);
+        snprintf(path, sizeof path, "%s/manifest.tsv", a ? d35 : d3);
+        char *man = read_file(path, NULL);
+        int rows = 0;
+        for (char *p = man; p && *p; p++) rows += *p == '\n';
+        // qwen3: 6 layers of 10 + 3; qwen35: 3 DeltaNet layers of 16, 1 attention layer of 11, + 3
+        int want = a ? 3 * 16 + 11 + 3 : 6 * 10 + 3;
+        char name[160];
+        snprintf(name, sizeof name, "hidden: --dump-hidden of trained %s, every tensor (%d files "
+                 "and the manifest's rows)", a ? "qwen35" : "qwen3", want);
+        check(rc == 0 && man && rows == want + 1, name);
+        if (rc || rows != want + 1) printf("     rc=%d rows=%d: %.400s\n", rc, rows, out);
+        free(man);
+    }
+    // a dump against itself: every error exactly 0 (a metric that is not 0 here hides a bias)
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-hidden %s --hidden-filter '.*' "
+             "2>&1", QWEN, q35, ids, d35);
+    int rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 0 && strstr(out, "largest relative error: 0 ") && strstr(out, "result: PASS"),
+          "hidden: a dump against itself: every relative error 0, PASS");
+
+    // the planted bugs
+    struct {
+        const char *what, *model, *tensor, *key; size_t at; float v32; int f16;
+        const char *filter, *extra, *want; int token;
+    } bugs[] = {
+        {"attn_q of layer 3, one weight: every tensor", q3, "blk.3.attn_q.weight", NULL, 0, 1.0f,
+         1, ".*", "", "Qcur-3", 0},
+        {"attn_q of layer 3, one weight: the residual stream", q3, "blk.3.attn_q.weight", NULL, 0,
+         1.0f, 1, NULL, "", "l_out-3", 1},
+        {"rope.freq_base 1e4 for 1e6", q3, NULL, "qwen3.rope.freq_base", 0, 1e4f, 0, ".*", "",
+         "Qcur-0", 1},
+        {"qwen35 ssm_a of layer 1, head 0 set to 0: every tensor", q35, "blk.1.ssm_a", NULL, 0, 0,
+         0, ".*", "", "gate-1", 0},
+        {"qwen35 ssm_a of layer 1, head 0 set to 0: the residual stream", q35, "blk.1.ssm_a", NULL,
+         0, 0, 0, NULL, "", "l_out-1", 1},
+        {"ffn_down of the last layer, one weight, --diff-inject", q3, "blk.5.ffn_down.weight", NULL,
+         0, 1.0f, 1, NULL, "--diff-inject", "l_out-5", 0},
+    };
+    for (int b = 0; b < (int)(sizeof bugs / sizeof bugs[0]); b++) {
+        uint8_t bytes[4];
+        if (bugs[b].key) memcpy(bytes, &bugs[b].v32, 4);
+        else if (bugs[b].f16) { __half h = __float2half(bugs[b].v32); memcpy(bytes, &h, 2); }
+        else { // ssm_a[0] = 0: head 0's state never decays (g = 0)
+            float a0 = 0.0f;
+            memcpy(bytes, &a0, 4);
+        }
+        plant(bugs[b].model, bad, bugs[b].tensor, bugs[b].key, bugs[b].at, bytes,
+              bugs[b].key || !bugs[b].f16 ? 4 : 2);
+        char filt[64] = "";
+        if (bugs[b].filter) snprintf(filt, sizeof filt, "--hidden-filter '%s'", bugs[b].filter);
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-hidden %s %s %s --diff-out %s "
+                 "2>&1", QWEN, bad, ids, bugs[b].model == q3 ? d3 : d35, filt, bugs[b].extra, tsv);
+        rc = run_cmd(cmd, out, sizeof out);
+        char first[64] = "";
+        int token = -1, found = hidden_first(out, first, sizeof first, &token);
+        int ok = rc == 1 && found && !strcmp(first, bugs[b].want) && token == bugs[b].token;
+        double rel = 0;
+        int ft = 0;
+        if (b == 2) // the same run: Kcur-0 too, from token 1
+            ok &= hidden_row(tsv, "Kcur-0", &rel, &ft) && ft == 1;
+        if (b == 3) // the DeltaNet's output is clean at token 0
+            ok &= hidden_row(tsv, "attn_output-1", &rel, &ft) && ft == 1;
+        if (b == 5) // each layer fed their input: the layers before it are exact, only it is off
+            for (int l = 0; l < 5; l++) {
+                char nm[16];
+                snprintf(nm, sizeof nm, "l_out-%d", l);
+                ok &= hidden_row(tsv, nm, &rel, &ft) && rel == 0 && ft == -1;
+            }
+        char name[200];
+        snprintf(name, sizeof name, "hidden: planted bug, %s -> %s at token %d", bugs[b].what,
+                 bugs[b].want, bugs[b].token);
+        check(ok, name);
+        if (!ok)
+            printf("     rc=%d first=%s token=%d rel=%g ft=%d\n%.3000s\n", rc, first, token, rel,
+                   ft, out);
+        unlink(bad);
+        unlink(tsv);
+    }
+
+    // bad input: one line and exit 1, each
+    char theirs[256], npy[300];
+    snprintf(theirs, sizeof theirs, "%s/hidden-theirs", TMP);
+    mkdir(theirs, 0777);
+    float zero[16 * 256] = {0};
+#define MANIFEST "file\tlayer\tname\tshape\ttransformers\twritten_by\n"
+    struct { const char *what, *file, *text, *descr, *shape; int rows; const char *args, *expect; }
+    cases[] = {
+        {"a missing directory", NULL, NULL, NULL, NULL, 0, "--diff-hidden /nonexistent/dir",
+         "no such directory"},
+        {"a manifest with more layers", "manifest.tsv",
+         MANIFEST "l_out-9.npy\t9\tl_out-9\t16,256\t-\tx\n",
+         NULL, NULL, 0, "--diff-hidden THEIRS", "names l_out-9, but this model has 6 layers"},
+        {"a manifest of another width", "manifest.tsv",
+         MANIFEST "l_out-0.npy\t0\tl_out-0\t16,512\t-\tx\n",
+         NULL, NULL, 0, "--diff-hidden THEIRS", "l_out-0 has 512 values per token; this model's has "
+         "256"},
+        {"a .npy of the wrong shape", "l_out-0.npy", NULL, "'<f4'", "(16, 128)", 16 * 128,
+         "--diff-hidden THEIRS", "has the shape (16, 128); this model's l_out-0 is (16, 256)"},
+        {"a .npy of the wrong dtype", "l_out-0.npy", NULL, "'<i4'", "(16, 256)", 16 * 256,
+         "--diff-hidden THEIRS", "dtype '<i4'"},
+        {"fewer tokens than the prompt", "l_out-0.npy", NULL, "'<f4'", "(8, 256)", 8 * 256,
+         "--diff-hidden THEIRS", "holds 8 tokens; the prompt has 16"},
+        {"--diff-inject without their residual stream", "l_out-0.npy", NULL, "'<f4'", "(16, 256)",
+         16 * 256, "--diff-hidden THEIRS --diff-inject", "inp_embd.npy is missing"},
+        {"--diff-inject without --diff-hidden", NULL, NULL, NULL, NULL, 0,
+         "--dump-hidden THEIRS --diff-inject", "it needs --diff-hidden THEIRS"},
+        {"a filter that matches nothing", NULL, NULL, NULL, NULL, 0,
+         "--dump-hidden THEIRS --hidden-filter nothing", "matches no tensor"},
+        {"no prompt", NULL, NULL, NULL, NULL, 0, "--dump-hidden THEIRS NOIDS",
+         "needs a prompt"},
+    };
+    int good = 1, nc = (int)(sizeof cases / sizeof cases[0]);
+    for (int c = 0; c < nc; c++) {
+        char f[400], args[300];
+        snprintf(cmd, sizeof cmd, "rm -f %s/*", theirs);
+        if (system(cmd) != 0) die("test: rm");
+        if (cases[c].file) {
+            snprintf(f, sizeof f, "%s/%s", theirs, cases[c].file);
+            if (cases[c].text) write_file(f, cases[c].text, strlen(cases[c].text));
+            else write_npy(f, cases[c].descr, "False", cases[c].shape, zero, cases[c].rows * 4u);
+        }
+        snprintf(args, sizeof args, "%s", cases[c].args);
+        subst(args, sizeof args, "THEIRS", theirs);
+        int noids = strstr(args, "NOIDS") != NULL;
+        subst(args, sizeof args, " NOIDS", "");
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu %s%s %s 2>&1", QWEN, q3, noids ? "" : "--tokens ",
+                 noids ? "" : ids, args);
+        rc = run_cmd(cmd, out, sizeof out);
+        const char *e = strstr(out, "error:");
+        int one_line = e && strchr(e, '\n') && !strchr(e, '\n')[1];
+        int ok = rc == 1 && e && one_line && strstr(out, cases[c].expect);
+        if (!ok) printf("     case '%s': rc=%d: %.400s\n", cases[c].what, rc, out);
+        good &= ok;
+    }
+    snprintf(npy, sizeof npy, "hidden: %d kinds of bad input -> a one-line error naming it, exit 1",
+             nc);
+    check(good, npy);
+}
+
+// GPU: both paths against the exact C path, tensor by tensor, on every fixture and the trained
+// models (--diff-hidden cpu, every tensor the GPU writes), the largest relative error per path.
+static void test_hidden_gpu(void) {
+    static const char *names[] = {"gpu hidden: --diff-hidden cpu, both paths, every model"};
+    if (SKIP_ALL_WITHOUT_GPU(names)) return;
+    static char out[1 << 18], cmd[2048];
+    const char *dirs[] = {"tiny-qwen2", "tiny-qwen3", "tiny-qwen35", "trained"};
+    int n_files = 0, good = 1;
+    double worst[2] = {0, 0};
+    for (int d = 0; d < 4; d++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", DATA, dirs[d]);
+        DIR *dp = opendir(dir);
+        if (!dp) continue;
+        for (struct dirent *e; (e = readdir(dp)) != NULL;) {
+            size_t n = strlen(e->d_name);
+            if (n < 5 || strcmp(e->d_name + n - 5, ".gguf")) continue;
+            snprintf(cmd, sizeof cmd, "%s -m %s/%s --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,"
+                     "16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32 --diff-hidden cpu "
+                     "--hidden-filter '.*' 2>&1", QWEN, dir, e->d_name);
+            int rc = run_cmd(cmd, out, sizeof out);
+            const char *p = out;
+            for (int path = 0; path < 2; path++) {
+                p = strstr(p, "largest relative error: ");
+                double r = p ? atof(p + 24) : INFINITY;
+                if (p) p += 24;
+                printf("info gpu hidden %-40s %s: largest relative error %.3g\n", e->d_name,
+                       path ? "batched" : "decode ", r);
+                worst[path] = worse(worst[path], r);
+            }
+            if (rc != 0) {
+                printf("     %s: rc=%d\n%.2000s\n", e->d_name, rc, out);
+                good = 0;
+            }
+            n_files++;
+        }
+        closedir(dp);
+    }
+    char name[200];
+    snprintf(name, sizeof name, "gpu hidden: --diff-hidden cpu on %d files, PASS: decode %.2g, "
+             "batched %.2g", n_files, worst[0], worst[1]);
+    check(good && n_files > 0, name);
+}
