@@ -8,7 +8,8 @@
 //     so its output is v whatever q is);
 //   - a wrong rope.freq_base: Qcur-0 first, and token 0 is clean (RoPE turns it by angle 0);
 //   - qwen35's layer 1 ssm_a (head 0's set to 0, no decay): layer 1's DeltaNet diverges first
-//     (its gate, at token 0), but its output only from token 1 (the state it decays is zero at token 0): l_out-1 at token 1;
+//     (its gate, at token 0), but its output only from token 1 (the state it decays is zero at
+//     token 0): l_out-1 at token 1;
 //   - the last layer's ffn_down, with --diff-inject: only that layer's row is over the threshold.
 // Then every kind of bad input, and on the GPU, both paths against --cpu on every fixture.
 
@@ -191,8 +192,8 @@ static void test_hidden(void) {
          NULL, NULL, 0, "--diff-hidden THEIRS", "names l_out-9, but this model has 6 layers"},
         {"a manifest of another width", "manifest.tsv",
          MANIFEST "l_out-0.npy\t0\tl_out-0\t16,512\t-\tx\n",
-         NULL, NULL, 0, "--diff-hidden THEIRS", "l_out-0 has 512 values per token; this model's has "
-         "256"},
+         NULL, NULL, 0, "--diff-hidden THEIRS",
+         "l_out-0 has 512 values per token; this model's has 256"},
         {"a .npy of the wrong shape", "l_out-0.npy", NULL, "'<f4'", "(16, 128)", 16 * 128,
          "--diff-hidden THEIRS", "has the shape (16, 128); this model's l_out-0 is (16, 256)"},
         {"a .npy of the wrong dtype", "l_out-0.npy", NULL, "'<i4'", "(16, 256)", 16 * 256,
