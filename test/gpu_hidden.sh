@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# test/gpu_hidden.sh OUT [BIN] — on a GPU machine with torch and transformers: the hidden-state
+# tools on the trained models (test/data/trained), with BIN (default ./qwen). For qwen3 and qwen35:
+#   1. the transformers recipe's self-test (test/tools/hf_dump_hidden.py --selftest);
+#   2. a checkpoint recreated from the F16 GGUF (test/tools/gguf_to_hf.py --check), and its
+#      float64 dump of every tensor for the held-out sample's first 64 tokens;
+#   3. the exact path against it (--cpu --diff-hidden, and with --diff-inject), to 1e-5;
+#   4. the GPU's decode and batched pass against --cpu (--diff-hidden cpu).
+# Every report goes to OUT/; the dumps to OUT/hidden-ARCH.tar.xz (test_hidden's reference files).
+set -uo pipefail
+out=$1; bin=${2:-./qwen}
+dir=test/data/trained
+tmp=$(mktemp -d)
+python3 test/tools/hf_dump_hidden.py --selftest > "$out/selftest.log" 2>&1
+echo "recipe self-test: exit $?"; grep -c FAIL "$out/selftest.log"
+ids=$(cut -d, -f1-64 $dir/sample-ids.txt)
+for arch in qwen3 qwen35; do
+    python3 test/tools/gguf_to_hf.py --check $dir/$arch-f16.gguf $dir/$arch-train.json \
+        "$tmp/$arch-hf" > "$out/ckpt-$arch.log" 2>&1
+    echo "$arch: checkpoint exit $?"
+    python3 test/tools/hf_dump_hidden.py "$tmp/$arch-hf" "$tmp/hidden-$arch" --filter '.*' \
+        --tokens-file $dir/sample-ids.txt --n-tokens 64 --ref-logits $dir/$arch-ref.f32 \
+        > "$out/recipe-$arch.log" 2>&1
+    echo "$arch: recipe exit $?"; grep -E "FAIL" "$out/recipe-$arch.log" | head -5
+    for inj in "" --diff-inject; do
+        "$bin" -m $dir/$arch-f16.gguf --cpu --tokens "$ids" --diff-hidden "$tmp/hidden-$arch" \
+            --hidden-filter . --diff-max-rel 1e-5 $inj > "$out/cpu-vs-hf-$arch$inj.txt" 2>&1
+        echo "$arch: --cpu against transformers $inj: exit $?"
+        grep -E "^largest|^first tensor" "$out/cpu-vs-hf-$arch$inj.txt"
+    done
+    "$bin" -m $dir/$arch-f16.gguf --tokens "$ids" --diff-hidden cpu --hidden-filter . \
+        > "$out/self-$arch.txt" 2>&1
+    echo "$arch: the GPU against --cpu: exit $?"
+    grep -E "^diff-hidden|^largest" "$out/self-$arch.txt"
+    tar cJf "$out/hidden-$arch.tar.xz" -C "$tmp" "hidden-$arch"
+done
+rm -rf "$tmp"
