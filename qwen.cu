@@ -8183,8 +8183,10 @@ static void print_perplexity(const PplResult *r, int kld) {
 #endif
 // llama.cpp's flag names where it has one; parse_args fills Args (defined after the engine).
 
-static void usage(FILE *f) {
-    fprintf(
+// The help text, longer than stdio's buffer: a write that fails mid-way returns < 0 at once, with
+// its errno (check_stdout, later, would know only that some write had failed).
+static int usage(FILE *f) {
+    return fprintf(
         f,
         "usage: qwen -m MODEL.gguf [options]\n"
         "  -m FILE           model file (GGUF: qwen2, qwen3, qwen35)\n"
@@ -8458,7 +8460,7 @@ static void parse_args(Args *a, int argc, char **argv) {
         } else if (IS("-ngl") || IS("--n-gpu-layers")) (void)NEXT(), a->ngl_given = 1;
         else if (IS("-t") || IS("--threads")) (void)NEXT(), a->threads_given = 1;
         else if (IS("-h") || IS("--help")) {
-            usage(stdout);
+            if (usage(stdout) < 0) die("writing standard output: %s", strerror(errno));
             check_stdout();
             exit(0);
         } else if (IS("--version")) {
