@@ -1,6 +1,7 @@
 # qwen.cu — build and test.
 #
-#   make                   ./qwen for the oldest GPU the nvcc in use can target (sm_70 = V100 when it can)
+#   make                   ./qwen for the oldest GPU the nvcc in use can target (sm_70 = V100 when
+#                          it can), and the trained models' quantized files (make trained)
 #   make ARCH=sm_90        any other architecture
 #   make NVCC=/usr/bin/nvcc ARCH=sm_70     the V100 build with Debian's CUDA 11.8 (see README)
 #   make test              build and run the tests (GPU checks are skipped without a GPU)
@@ -51,7 +52,7 @@ LDLIBS := -lm
 
 SUFFIX ?=
 
-all: qwen$(SUFFIX)
+all: qwen$(SUFFIX) trained
 
 # The compiler and flags of the last build, in a file: a build with another NVCC or ARCH rebuilds
 # everything (without it, `make ARCH=sm_70` after `make` would find ./qwen up to date). The file
@@ -78,7 +79,7 @@ test/test_qwen$(SUFFIX): test/test_qwen.cu test/gguf_write.h test/test_quantize.
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/test_qwen.cu $(LDLIBS)
 
 # test/quantize remakes the trained models' quantized files and a Q8_0 of them (test_trained.h)
-test: qwen$(SUFFIX) test/test_qwen$(SUFFIX) test/quantize$(SUFFIX)
+test: qwen$(SUFFIX) test/test_qwen$(SUFFIX) test/quantize$(SUFFIX) trained
 	QWEN_BIN=./qwen$(SUFFIX) QUANTIZE_BIN=./test/quantize$(SUFFIX) ./test/test_qwen$(SUFFIX)
 
 clean:
@@ -87,9 +88,9 @@ clean:
 		.version-sm70 \
 		test/quantize test/quantize-sm70 \
 		test/train/hf_to_gguf test/train/hf_to_gguf-sm70 \
-		test/fuzz_lib $(FUZZ_TARGETS:%=test/fuzz-%)
+		test/fuzz_lib $(FUZZ_TARGETS:%=test/fuzz-%) $(TRAINED_Q)
 
-.PHONY: all test clean bench bench-tokenizer unicode-check sanitize fuzz fuzz-lib FORCE
+.PHONY: all test clean trained bench bench-tokenizer unicode-check sanitize fuzz fuzz-lib FORCE
 
 # synthetic full-size models for benchmarks: test/gen_model --model qwen2.5-32b --ftype iq4_xs -o F.gguf
 test/gen_model$(SUFFIX): test/gen_model.cu test/gguf_write.h qwen.cu tokenizer.c .build-flags$(SUFFIX)
@@ -106,6 +107,20 @@ test/train/hf_to_gguf$(SUFFIX): test/train/hf_to_gguf.cu test/gguf_write.h qwen.
 test/quantize$(SUFFIX): test/quantize.cu test/quantize.h test/gguf_write.h qwen.cu tokenizer.c \
 		.build-flags$(SUFFIX)
 	$(NVCC_RUN) $(NVFLAGS) -o $@ test/quantize.cu $(LDLIBS)
+
+# The trained models' quantized files (test/data/trained/*-q4_0.gguf, *-iq4_xs.gguf) are made
+# here from the committed F16 files, not committed: test/quantize writes the same bytes on every
+# machine, and the tests hold them to the sha256 sums in test/data/trained/quantized.sha256 (the
+# files the README's figures were measured on). make trained makes the four; test/quantize prints
+# a line per tensor, shown only when it fails.
+TRAINED_Q := $(foreach a,qwen3 qwen35,$(foreach t,q4_0 iq4_xs,test/data/trained/$(a)-$(t).gguf))
+trained: $(TRAINED_Q)
+QUANTIZE_TRAINED = @echo "./test/quantize$(SUFFIX) $< $@ $(1)"; \
+	log=$$(./test/quantize$(SUFFIX) $< $@ $(1) 2>&1) || { echo "$$log" >&2; exit 1; }
+$(filter %-q4_0.gguf,$(TRAINED_Q)): %-q4_0.gguf: %-f16.gguf test/quantize$(SUFFIX)
+	$(call QUANTIZE_TRAINED,q4_0)
+$(filter %-iq4_xs.gguf,$(TRAINED_Q)): %-iq4_xs.gguf: %-f16.gguf test/quantize$(SUFFIX)
+	$(call QUANTIZE_TRAINED,iq4_xs)
 
 # the floor of a decode token's chain of steps with ideal kernels (GPU only): test/step_floor [shape]
 test/step_floor: test/step_floor.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h .build-flags
@@ -154,7 +169,7 @@ test/test_qwen-san: test/test_qwen.cu test/gguf_write.h test/test_quantize.h tes
 test/fuzz_mutate: test/fuzz_mutate.c
 	$(CC) -O2 -Wall -Wextra -o $@ test/fuzz_mutate.c
 
-sanitize: qwen-san test/test_qwen-san test/quantize
+sanitize: qwen-san test/test_qwen-san test/quantize trained
 	test/sanitize.sh
 
 fuzz: qwen-san test/fuzz_mutate

@@ -10,11 +10,12 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
+# a clean make: not the settings of a make that may have started this script (make test)
+build() { env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$here" SUFFIX= "$@" >&2; }
 if [ ! -x "$here/qwen" ] || [ "$here/qwen.cu" -nt "$here/qwen" ] ||
    [ "$here/tokenizer.c" -nt "$here/qwen" ]; then
     echo "== building $here/qwen" >&2
-    # a clean make: not the settings of a make that may have started this script (make test)
-    env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -C "$here" SUFFIX= qwen >&2
+    build qwen
 fi
 
 model=
@@ -26,6 +27,11 @@ prompt="The three laws of memory-bound inference are"
 ctx=(-c 2048)
 if [ -z "$model" ]; then
     model=$here/test/data/trained/qwen3-q4_0.gguf
+    # made from the committed F16 file by test/quantize, not committed (make trained)
+    if [ ! -f "$model" ] || [ "$here/test/data/trained/qwen3-f16.gguf" -nt "$model" ]; then
+        echo "== making $model" >&2
+        build test/data/trained/qwen3-q4_0.gguf
+    fi
     prompt="Once upon a time"
     ctx=() # its own context: the 512 tokens it was trained on
     cat >&2 <<'X'

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """fuzz_seeds.py - the seed corpora of the libFuzzer targets (test/fuzz_targets.h), made from the
 fixtures and kept small: the committed copies live in test/data/fuzz/seeds/<target>/, so that
-`make fuzz-lib` needs no fixture at fuzzing time. Rerun it when the fixtures change:
+`make fuzz-lib` needs no fixture at fuzzing time. Rerun it when the fixtures change (after `make
+trained`, which builds the trained models' quantized files):
 
     python3 test/fuzz_seeds.py [DATA_DIR]        (default test/data)
 
@@ -152,6 +153,12 @@ def gguf_seeds():
                    glob.glob(os.path.join(DATA, "trained", "*.gguf")))
     if not paths:
         sys.exit(f"fuzz_seeds.py: no fixture models under {DATA}")
+    # the trained models' quantized files are made from their F16 files, not committed
+    for arch in ("qwen3", "qwen35"):
+        for t in ("q4_0", "iq4_xs"):
+            made = os.path.join(DATA, "trained", f"{arch}-{t}.gguf")
+            if os.path.exists(made.replace(t, "f16")) and not os.path.exists(made):
+                sys.exit(f"fuzz_seeds.py: {made} is missing: make trained builds it")
     seen = set()
     for path in paths:
         version, kvs, tensors = read_gguf(path)

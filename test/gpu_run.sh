@@ -4,9 +4,12 @@
 # test/test_qwen-sm70, through PTX JIT), then compute-sanitizer on a short generation. The fixtures
 # are QWEN_TEST_DATA's (a subset when they do not all travel: QWEN_TEST_SUBSET=1). The trained
 # models' CPU-only checks, the slowest, are left out (QWEN_TEST_GPU_ONLY): CPU runs make them.
+# Their quantized files are not committed: make trained builds them here from the F16 files
+# (when those travelled).
 set -uo pipefail
 out=$1; san=${2:-}
-make -j4 ARCH=sm_90 qwen test/test_qwen 2>&1 | grep -E "error"
+trained=$(ls test/data/trained/*-f16.gguf >/dev/null 2>&1 && echo trained)
+make -j4 ARCH=sm_90 qwen test/test_qwen $trained 2>&1 | grep -E "error"
 export QWEN_REQUIRE_GPU=1 QWEN_TEST_GPU_ONLY=1
 QWEN_BIN=./qwen timeout 400 ./test/test_qwen > "$out/test-sm90.log" 2>&1
 grep -E "^FAIL|passed" "$out/test-sm90.log" | tail -6
