@@ -1528,8 +1528,8 @@ static void embed_token(const Model *m, int token, float *x /* (n_embd) */) {
 // ------------------------------------------------------------------------------------------------
 // A port that disagrees with qwen.cu's logits is found by comparing the tensors in between. A
 // run with a Tap attached hands each tensor of every prompt token to it (tap_put), under the name
-// llama.cpp's graph gives it, so that the names its tools print match ours. A run without one
-// (every other run) passes the taps by: the GPU's graph and kernels are the same either way.
+// llama.cpp's graph gives it where it has one, so that its tools' names match ours. A run without
+// one (every other run) passes the taps by: the GPU's graph and kernels are the same either way.
 
 // Every tensor a tap can take, in the order a layer computes them: the block input's norm, then
 // attention's (Qcur, Kcur: after the head norm and RoPE) or DeltaNet's, then the FFN's; last the
@@ -6334,7 +6334,7 @@ static void gpu_state_free(GpuState *s) {
 // says which path wrote each file. Each copy waits for the stream.
 
 // Rows t0 .. t0+nt-1 of tensor `kind` in layer l: nt device rows of ld values, fp32 or (half) fp16,
-// of which the tensor's columns col0 .. col0 + width are taken.
+// of which the tensor's `width` columns from col0 on are taken.
 static void tap_dev(const GpuState *s, int kind, int l, int t0, int nt, const void *dev, int half,
                     size_t ld, size_t col0, const char *by) {
     if (!tap_wants(s->tap, kind, l)) return;
@@ -6690,6 +6690,7 @@ static void deltanet_batch_gpu(const Model *m, GpuState *s, int l, int T, int po
     gdn_gated_norm_rows_kernel<<<T, S, 0, st>>>(s->bxh, s->braw, s->bz, DEV(L->ssm_norm), Hv,
                                                c->eps);
     KERNEL_CHECK();
+    tap_dev(s, TAP_FINAL_OUT, l, pos0, T, s->braw, 0, vdim, 0, BY_BATCH); // gated in place
     matmul(&L->ssm_out, &s->bxh, T, s->bx, c->n_embd, NULL, 1, s);
 }
 
@@ -8416,7 +8417,8 @@ static void parse_args(Args *a, int argc, char **argv) {
         else if (IS("-n") || IS("--n-predict"))
             a->n_predict = arg_int(o, NEXT()), a->n_given = 1, FOR(SAMPLE);
         else if (IS("-c") || IS("--ctx-size"))
-            a->n_ctx = arg_int(o, NEXT()), a->ctx_given = 1, FOR(RUN | MODE_INFO | MODE_BENCH);
+            a->n_ctx = arg_int(o, NEXT()), a->ctx_given = 1, // the hidden states: the prompt's
+                FOR((RUN & ~MODE_HIDDEN) | MODE_INFO | MODE_BENCH);
         else if (IS("--perplexity")) a->ppl = 1;
         else if (IS("--kl-divergence")) a->kld = 1;
         else if (IS("--kl-divergence-base")) a->kld_base_path = NEXT();
@@ -8524,11 +8526,26 @@ static void parse_args(Args *a, int argc, char **argv) {
     if ((a->dump_path || a->diff_path || a->mode == MODE_HIDDEN) && !a->batch_given) a->n_batch = 1;
     if (a->diff_inject && !a->hidden_diff)
         die("--diff-inject feeds each layer their residual stream: it needs --diff-hidden THEIRS");
+    if (a->mode == MODE_HIDDEN && !a->hidden_diff && (a->diff_out || a->diff_max_rel >= 0))
+        die("%s applies to a comparison: it needs --diff-hidden THEIRS (or cpu)",
+            a->diff_out ? "--diff-out" : "--diff-max-rel");
+    if (a->hidden_dump && a->diff_inject)
+        die("--dump-hidden with --diff-inject would write tensors of their residual stream's "
+            "making: dump without it");
     if (a->hidden_dump && a->hidden_diff && !strcmp(a->hidden_diff, "cpu"))
         die("--diff-hidden cpu compares the GPU's paths with --cpu; dump one path alone with "
             "--dump-hidden (and --cpu or -b)");
     g_n_batch = a->n_batch;
     check_output_paths(a);
+    if (a->diff_out && a->hidden_diff && strcmp(a->hidden_diff, "cpu")) { // not into their dump
+        char target[PATH_MAX], dir[PATH_MAX];
+        struct stat sd, st;
+        output_target("--diff-out", a->diff_out, target, dir, sizeof dir);
+        if (stat(dir, &sd) == 0 && stat(a->hidden_diff, &st) == 0 && sd.st_dev == st.st_dev &&
+            sd.st_ino == st.st_ino)
+            die("--diff-out '%s' is in the --diff-hidden directory: give another place",
+                a->diff_out);
+    }
     a->prompt_len = a->prompt ? strlen(a->prompt) : 0;
     if (a->prompt_file)
         a->prompt = a->prompt_buf = read_prompt_file(a->prompt_file, &a->prompt_len);
@@ -9036,9 +9053,12 @@ static const char *tap_hf(const Config *c, int kind, int l, char *buf, size_t ca
                             "-exp(A_log)%s", p, tiled); break;
     case TAP_CONV: snprintf(buf, cap, "none: silu(%s.linear_attn.conv1d output[..., :T])%s", p,
                             tiled); break;
-    case TAP_Q_CONV: snprintf(buf, cap, "none: l2norm of the conv output's q"); break;
-    case TAP_K_CONV: snprintf(buf, cap, "none: l2norm of the conv output's k"); break;
-    case TAP_V_CONV: snprintf(buf, cap, "none: the conv output's v%s", tiled); break;
+    case TAP_Q_CONV: snprintf(buf, cap, "none: l2norm of %s.linear_attn's conv output's q (Hk "
+                              "heads, before any repeat to Hv)", p); break;
+    case TAP_K_CONV: snprintf(buf, cap, "none: l2norm of %s.linear_attn's conv output's k (Hk "
+                              "heads, before any repeat to Hv)", p); break;
+    case TAP_V_CONV: snprintf(buf, cap, "none: %s.linear_attn's conv output's v%s", p, tiled);
+        break;
     case TAP_DELTA_OUT: snprintf(buf, cap, "%s.linear_attn.norm input%s", p, tiled); break;
     case TAP_FINAL_OUT: snprintf(buf, cap, "%s.linear_attn.norm output%s", p, tiled); break;
     case TAP_LINEAR_OUT: snprintf(buf, cap, "%s.linear_attn.out_proj output", p); break;
@@ -9071,10 +9091,30 @@ static int tap_list(const Config *c, int *kinds, int *layers) {
 }
 #define MAX_TAPS ((MAX_LAYERS + 1) * N_TAPS)
 
-// A tap keeping every tensor whose name matches the regular expression (POSIX extended).
+// A regular expression for --hidden-filter that regcomp can take quickly: names are short, so a
+// counted repeat above 64, or more than 4 of them, is refused (glibc's regcomp expands each one,
+// and nested large counts exhaust its stack or take minutes).
+static void filter_check(const char *filter) {
+    int n_counts = 0;
+    for (const char *p = filter; *p; p++) {
+        if (*p == '\\' && p[1]) { p++; continue; }
+        if (*p != '{') continue;
+        n_counts++;
+        for (const char *q = p + 1; *q && *q != '}'; q++)
+            if (isdigit((unsigned char)*q) && strtol(q, NULL, 10) > 64)
+                die("--hidden-filter '%s': a count above 64 in {}; tensor names are short", filter);
+    }
+    if (n_counts > 4) die("--hidden-filter '%s': more than 4 counted repeats {}", filter);
+    if (strlen(filter) > 400) die("--hidden-filter: a regular expression of %zu bytes",
+                                  strlen(filter));
+}
+
+// A tap keeping every tensor whose name the regular expression (POSIX extended, as grep -E)
+// matches somewhere: "l_out" selects every l_out-N, "^l_out-1$" only layer 1's.
 static void tap_init(Tap *tp, const Config *c, int n_tok, const char *filter) {
     regex_t re;
     char name[64], err[200];
+    filter_check(filter);
     int rc = regcomp(&re, filter, REG_EXTENDED | REG_NOSUB);
     if (rc) {
         regerror(rc, &re, err, sizeof err);
@@ -9105,26 +9145,27 @@ static void tap_free(Tap *tp) {
     free(tp->inject);
 }
 
-// The logits of each prompt token, from engine_eval (every path hands them out the same way).
+// The logits of each prompt token, from engine_eval (every path hands them out the same way). Not
+// checked for NaN here: the comparison says where a NaN first appears.
 static void tap_logits(void *ctx, int i, const float *logits) {
-    Tap *tp = (Tap *)ctx;
-    check_finite(logits, tp->c->n_vocab, i, 0);
-    tap_put(tp, TAP_RESULT_OUTPUT, 0, i, 1, logits, NULL);
+    tap_put((Tap *)ctx, TAP_RESULT_OUTPUT, 0, i, 1, logits, NULL);
 }
 
 // The prompt through the model on one path with the tap attached: the CPU (use_gpu 0), the GPU's
-// decode (n_batch 1) or its batched pass.
-static void tap_run(Tap *tp, Model *m, const int *ids, int n, int use_gpu, int n_batch) {
+// decode (n_batch 1) or its batched pass. Returns the path that ran (a batched pass needs more
+// than one token and a model whose shapes allow it).
+static const char *tap_run(Tap *tp, Model *m, const int *ids, int n, int use_gpu, int n_batch) {
     Engine e;
     g_n_batch = n_batch;
     engine_init_run(&e, m, use_gpu, n, n);
     if (use_gpu) e.gpu.tap = tp;
     else e.cpu.tap = tp;
     engine_eval(&e, ids, n, 0, 0, tap_logits, tp);
-    // the logits' path: the one the rest of the run took
     const char *path = !use_gpu ? "cpu" : e.gpu.n_batch && n > 1 ? BY_BATCH : BY_DECODE;
-    tp->by[tap_slot(&m->c, TAP_RESULT_OUTPUT, 0)] = path;
+    size_t slot = tap_slot(&m->c, TAP_RESULT_OUTPUT, 0);
+    if (tp->data[slot]) tp->by[slot] = path; // the logits: written by the path that ran
     engine_free(&e);
+    return path;
 }
 
 // One tensor of a tap as DIR/NAME.npy: float32, C order, shape (n_tok, dims...).
@@ -9132,8 +9173,7 @@ static void npy_write(const char *dir, const Tap *tp, int kind, int l) {
     char name[64], path[PATH_MAX], shape[64], hdr[160];
     int dims[2], nd = tap_shape(tp->c, kind, l, dims);
     tap_name(tp->c, kind, l, name, sizeof name);
-    if (snprintf(path, sizeof path, "%s/%s.npy", dir, name) >= (int)sizeof path)
-        die("--dump-hidden '%s': the path is too long", dir);
+    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
     if (nd == 1) snprintf(shape, sizeof shape, "(%d, %d)", tp->n_tok, dims[0]);
     else snprintf(shape, sizeof shape, "(%d, %d, %d)", tp->n_tok, dims[0], dims[1]);
     // the header: magic, version 1.0, its length (u16), then the dict padded with spaces and a
@@ -9152,13 +9192,37 @@ static void npy_write(const char *dir, const Tap *tp, int kind, int l) {
     output_close(f, "--dump-hidden", path);
 }
 
-// --dump-hidden DIR: every tensor the run wrote, then the manifest.
-static void dump_hidden(const char *dir, const Tap *tp) {
-    struct stat st;
+// --dump-hidden DIR, before any work: DIR made (one level) or an existing directory, not the
+// directory of their dump, and no file the run will write one of the run's inputs (a link to the
+// model, say).
+static void dump_prepare(const char *dir, const Tap *tp, const char *model, const char *theirs) {
+    struct stat st, sm, si;
     if (stat(dir, &st) != 0 && mkdir(dir, 0777) != 0)
         die("--dump-hidden '%s': cannot create the directory: %s", dir, strerror(errno));
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         die("--dump-hidden '%s' exists and is not a directory", dir);
+    if (strlen(dir) + 80 > PATH_MAX) die("--dump-hidden '%s': the path is too long", dir);
+    if (theirs && stat(theirs, &si) == 0 && si.st_dev == st.st_dev && si.st_ino == st.st_ino)
+        die("--dump-hidden '%s' is the --diff-hidden directory: their files would be overwritten",
+            dir);
+    int have_model = stat(model, &sm) == 0;
+    int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(tp->c, kinds, layers);
+    char path[PATH_MAX], name[64];
+    for (int i = 0; i < n + 1; i++) {
+        if (i < n && !tp->data[tap_slot(tp->c, kinds[i], layers[i])]) continue;
+        if (i < n) snprintf(path, sizeof path, "%s/%s.npy", dir,
+                            tap_name(tp->c, kinds[i], layers[i], name, sizeof name));
+        else snprintf(path, sizeof path, "%s/manifest.tsv", dir);
+        if (stat(path, &st) != 0) continue;
+        if (!S_ISREG(st.st_mode)) die("--dump-hidden: '%s' exists and is not a file", path);
+        if (have_model && st.st_dev == sm.st_dev && st.st_ino == sm.st_ino)
+            die("--dump-hidden: '%s' is the model file (-m): it would be overwritten", path);
+    }
+}
+
+// --dump-hidden DIR: every tensor the run wrote, then the manifest (written last: a reader that
+// finds it finds every file it lists).
+static void dump_hidden(const char *dir, const Tap *tp) {
     char mpath[PATH_MAX], name[64], hf[200];
     snprintf(mpath, sizeof mpath, "%s/manifest.tsv", dir);
     int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(tp->c, kinds, layers), files = 0;
@@ -9179,12 +9243,12 @@ static void dump_hidden(const char *dir, const Tap *tp) {
         files++;
     }
     output_close(f, "--dump-hidden", mpath);
-    fprintf(stderr, "dump-hidden: %d tensor%s of %d token%s in %s/ (manifest.tsv)\n", files,
-            plural_s(files), tp->n_tok, plural_s(tp->n_tok), dir);
+    fprintf(stderr, "dump-hidden: %d tensor%s of %d token%s in %s/ (manifest.tsv lists them)\n",
+            files, plural_s(files), tp->n_tok, plural_s(tp->n_tok), dir);
 }
 
 // The tensor named `name` ("l_out-3", "result_norm"): its kind and layer, or -1.
-static int tap_parse(const Config *c, const char *name, int *layer) {
+static int tap_parse(const char *name, int *layer) {
     for (int k = 0; k < N_TAPS; k++) {
         size_t n = strlen(TAP_NAMES[k]);
         if (strncmp(name, TAP_NAMES[k], n)) continue;
@@ -9195,18 +9259,35 @@ static int tap_parse(const Config *c, const char *name, int *layer) {
             if (!*end && l < INT32_MAX) { *layer = (int)l; return k; }
         }
     }
-    (void)c;
     return -1;
 }
 
+// A file of their dump, opened for reading: a regular file (a FIFO would block, a directory cannot
+// be read), or NULL when there is none.
+static FILE *their_file(const char *path, size_t *len) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        die("--diff-hidden: '%s' is not a regular file", path);
+    *len = (size_t)st.st_size;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) die("--diff-hidden: cannot read '%s': %s", path, strerror(errno));
+    return f;
+}
+
 // Their manifest.tsv, when they wrote one: every row that names one of our tensors must fit this
-// model (its layer exists, and has the tensor, of our width). Rows of other names are theirs.
-static void their_manifest(const char *dir, const Config *c) {
-    char path[PATH_MAX], line[4096];
+// model (its layer exists and has the tensor, of our width), and only the files it lists are read
+// (listed[slot] = 1; a file it does not list is left from another run). Returns 0 without one.
+static int their_manifest(const char *dir, const Config *c, uint8_t *listed) {
+    char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/manifest.tsv", dir);
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    for (int ln = 1; fgets(line, sizeof line, f); ln++) {
+    size_t flen;
+    FILE *f = their_file(path, &flen);
+    if (!f) return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    for (int ln = 1; getline(&line, &cap, f) > 0; ln++) {
         char *col[4] = {line, NULL, NULL, NULL};
         for (int k = 1; k < 4 && col[k - 1]; k++) {
             char *tab = strchr(col[k - 1], '\t');
@@ -9215,67 +9296,80 @@ static void their_manifest(const char *dir, const Config *c) {
         if (ln == 1 || !col[3]) continue; // the header; a row without a shape
         char *nl = strpbrk(col[3], "\t\r\n");
         if (nl) *nl = 0;
-        int l, kind = tap_parse(c, col[2], &l), dims[2];
+        int l, kind = tap_parse(col[2], &l), dims[2];
         if (kind < 0) continue;
         if (kind < N_LAYER_TAPS && l >= c->n_layer)
             die("--diff-hidden '%s': manifest.tsv line %d names %s, but this model has %d layers",
                 dir, ln, col[2], c->n_layer);
-        int nd = tap_shape(c, kind, l, dims);
-        if (!nd)
-            die("--diff-hidden '%s': manifest.tsv line %d names %s, which layer %d of this model "
-                "does not have (its layers: %s)", dir, ln, col[2], l,
-                c->kind[l] == LAYER_DELTANET ? "Gated DeltaNet" : "attention");
-        long long w = 1, v;
-        char *p = strchr(col[3], ','), *end; // the shape after the tokens
-        for (; p; p = *end == ',' ? end : NULL) {
-            v = strtoll(p + 1, &end, 10);
-            w *= v;
+        if (!tap_shape(c, kind, l, dims))
+            die("--diff-hidden '%s': manifest.tsv line %d names %s, which %s", dir, ln, col[2],
+                kind == TAP_ATTN_GATED ? "only qwen35's gated attention has"
+                : c->kind[l] == LAYER_DELTANET ? "this model's layer, a Gated DeltaNet, has not"
+                                               : "this model's layer, an attention, has not");
+        // the shape: positive sizes separated by commas, the tokens first
+        long long w = 1;
+        char *p = col[3], *end;
+        for (int d = 0;; d++) {
+            errno = 0;
+            long long v = strtoll(p, &end, 10);
+            if (end == p || v <= 0 || errno || v > INT32_MAX || (*end && *end != ','))
+                die("--diff-hidden '%s': manifest.tsv line %d: the shape '%s' of %s is not sizes "
+                    "such as 64,256", dir, ln, col[3], col[2]);
+            if (d > 0 && (w *= v) > INT32_MAX) w = INT32_MAX;
+            if (!*end) break;
+            p = end + 1;
         }
         if (w != (long long)tap_width(c, kind, l))
             die("--diff-hidden '%s': manifest.tsv line %d: %s has %lld values per token; this "
                 "model's has %zu", dir, ln, col[2], w, tap_width(c, kind, l));
+        listed[tap_slot(c, kind, l)] = 1;
     }
+    free(line);
     fclose(f);
+    return 1;
 }
 
 // Their tensors: DIR/NAME.npy for each tensor `ours` keeps, read into `theirs` (a tap of the same
-// selection; a file they lack leaves the slot empty and is listed). float16, 32 or 64, of shape
-// (n_tok, our dims) or (n_tok, width); any other shape, fewer or more tokens, a value that is not
-// finite: one line naming the file, and exit 1.
-static int their_hidden(Tap *theirs, const Tap *ours, const char *dir, char *missing, size_t cap) {
+// selection; a file they lack, or that their manifest does not list, leaves the slot empty and is
+// listed in `missing`). float16, 32 or 64, of shape (n_tok, our dims) or (n_tok, width), with a
+// leading 1 or not; any other shape, fewer or more tokens, a value that is not finite: one line
+// naming the file, and exit 1. *half: some file is float16.
+static int their_hidden(Tap *theirs, const Tap *ours, const char *dir, char *missing, size_t cap,
+                        int *half) {
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
         die("--diff-hidden '%s': no such directory", dir);
-    their_manifest(dir, ours->c);
     const Config *c = ours->c;
+    size_t n_slots = (size_t)(c->n_layer + 1) * N_TAPS;
+    uint8_t *listed = (uint8_t *)xcalloc(n_slots, 1, "their manifest");
+    int manifest = their_manifest(dir, c, listed);
     memset(theirs, 0, sizeof *theirs);
     theirs->c = c;
     theirs->n_tok = ours->n_tok;
-    size_t n_slots = (size_t)(c->n_layer + 1) * N_TAPS;
     theirs->data = (float **)xcalloc(n_slots, sizeof(float *), "their tensors");
     theirs->by = (const char **)xcalloc(n_slots, sizeof(char *), "their tensors");
     int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(c, kinds, layers), found = 0, n_miss = 0;
     size_t mlen = 0;
     missing[0] = 0;
+    *half = 0;
     for (int i = 0; i < n; i++) {
         int k = kinds[i], l = layers[i], dims[2], nd = tap_shape(c, k, l, dims);
-        size_t slot = tap_slot(c, k, l), w = tap_width(c, k, l), T = (size_t)ours->n_tok;
+        size_t slot = tap_slot(c, k, l), w = tap_width(c, k, l), T = (size_t)ours->n_tok, len = 0;
         if (!ours->data[slot]) continue;
         char name[64], path[PATH_MAX], err[400];
         tap_name(c, k, l, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s.npy", dir, name);
-        FILE *f = fopen(path, "rb");
+        FILE *f = manifest && !listed[slot] ? NULL : their_file(path, &len);
         if (!f) {
-            if (mlen + 64 < cap) mlen += snprintf(missing + mlen, cap - mlen, "%s%s",
-                                                  n_miss ? ", " : "", name);
-            else if (mlen + 5 < cap) mlen += snprintf(missing + mlen, cap - mlen, ", ...");
+            if (mlen + 64 < cap)
+                mlen += snprintf(missing + mlen, cap - mlen, "%s%s", n_miss ? ", " : "", name);
+            else if (mlen + 5 < cap && !strstr(missing, ", ..."))
+                mlen += snprintf(missing + mlen, cap - mlen, ", ...");
             n_miss++;
             continue;
         }
-        size_t len = fstat(fileno(f), &st) == 0 ? (size_t)st.st_size : 0;
         uint8_t *buf = (uint8_t *)xmalloc(len + 1, "their tensor");
-        if (!S_ISREG(st.st_mode) || fread(buf, 1, len, f) != len)
-            die("--diff-hidden: cannot read '%s'", path);
+        if (fread(buf, 1, len, f) != len) die("--diff-hidden: cannot read '%s'", path);
         fclose(f);
         long long shape[4];
         int snd, elem;
@@ -9284,6 +9378,10 @@ static int their_hidden(Tap *theirs, const Tap *ours, const char *dir, char *mis
             die("--diff-hidden: '%s' is not a .npy file", path);
         if (npy_header(buf, len, &elem, shape, &snd, &off, err, sizeof err))
             die("--diff-hidden: '%s': %s", path, err);
+        if (snd >= 3 && shape[0] == 1) { // a batch of one, as transformers returns it
+            for (int d = 1; d < snd; d++) shape[d - 1] = shape[d];
+            snd--;
+        }
         if (shape[0] != (long long)T)
             die("--diff-hidden: '%s' holds %lld token%s; the prompt has %zu: dump them for the "
                 "same tokens", path, shape[0], plural_s(shape[0]), T);
@@ -9301,6 +9399,7 @@ static int their_hidden(Tap *theirs, const Tap *ours, const char *dir, char *mis
         if (len - off != T * w * elem)
             die("--diff-hidden: '%s': %zu values of float%d are %zu bytes, and %zu follow the "
                 "header", path, T * w, 8 * elem, T * w * elem, len - off);
+        *half |= elem == 2;
         float *d = theirs->data[slot] = (float *)xmalloc(T * w * 4, "their tensor");
         for (size_t i2 = 0; i2 < T * w; i2++) {
             const uint8_t *v = buf + off + i2 * elem;
@@ -9317,12 +9416,14 @@ static int their_hidden(Tap *theirs, const Tap *ours, const char *dir, char *mis
         free(buf);
         found++;
     }
-    if (!found) die("--diff-hidden '%s': none of the %s selected tensors is there (NAME.npy, "
-                    "names such as l_out-0.npy)", dir, n_miss == 1 ? "one" : "");
+    free(listed);
+    if (!found) die("--diff-hidden '%s': none of the %d selected tensors is there (NAME.npy%s)",
+                    dir, n_miss, manifest ? " listed in its manifest.tsv" : ", e.g. l_out-0.npy");
     return n_miss;
 }
 
-// One tensor's comparison, ours against theirs over every token.
+// One tensor's comparison, ours against theirs over every token. A NaN or an infinity of ours
+// counts as an infinite error (every test below is written so that a NaN fails it).
 typedef struct {
     int kind, layer;
     double rel;           // ||ours - theirs|| / ||theirs||
@@ -9342,25 +9443,27 @@ static HiddenDiff hidden_diff_one(const Tap *ours, const Tap *theirs, int kind, 
     for (int t = 0; t < ours->n_tok; t++) {
         double td2 = 0, tb2 = 0;
         for (size_t i = 0; i < w; i++) {
-            double x = a[t * w + i], y = b[t * w + i], d = x - y;
+            double x = a[t * w + i], y = b[t * w + i], d = fabs(x - y);
+            if (!isfinite(d)) d = INFINITY;
             td2 += d * d;
             tb2 += y * y;
             a2 += x * x;
             ab += x * y;
-            if (fabs(d) > r.max_d) r.max_d = fabs(d), r.max_t = t, r.max_ch = (int)i;
+            if (d > r.max_d) r.max_d = d, r.max_t = t, r.max_ch = (int)i;
         }
         d2 += td2;
         b2 += tb2;
         double trel = td2 == 0 ? 0 : tb2 == 0 ? INFINITY : sqrt(td2 / tb2);
-        if (r.first_t < 0 && trel > max_rel) r.first_t = t, r.first_rel = trel;
+        if (r.first_t < 0 && !(trel <= max_rel)) r.first_t = t, r.first_rel = trel;
     }
     r.rel = d2 == 0 ? 0 : b2 == 0 ? INFINITY : sqrt(d2 / b2);
     r.cosine = a2 == 0 && b2 == 0 ? 1 : a2 == 0 || b2 == 0 ? 0 : ab / sqrt(a2 * b2);
     return r;
 }
 
-// The table of one path against theirs, in the model's order, and its verdict; returns 1 when a
-// tensor's relative error is over max_rel. tsv, if given, gets every row.
+// The table of one path against theirs, in the model's order, and its verdict: 1 when some
+// token's row of some tensor is over max_rel (a late token's error is not averaged away by the
+// early ones), the first such tensor and token named. tsv, if given, gets every row.
 static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, double max_rel,
                          const char *missing, int n_miss, FILE *tsv) {
     const Config *c = ours->c;
@@ -9368,7 +9471,8 @@ static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, d
     HiddenDiff first = {0, 0, 0, 0, 0, 0, 0, -1, 0}, worst = first;
     double prev = -1;
     char name[64], g[32], at[32];
-    printf("diff-hidden: %s, %d token%s\n", what, ours->n_tok, plural_s(ours->n_tok));
+    printf("diff-hidden: %s, %d token%s (growth: the error over the row above's)\n", what,
+           ours->n_tok, plural_s(ours->n_tok));
     printf("  %-26s %10s %10s %10s  %-13s %8s  %s\n", "tensor", "rel.err", "cosine", "max|d|",
            "at tok,ch", "growth", "ours from");
     for (int i = 0; i < n; i++) {
@@ -9377,7 +9481,6 @@ static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, d
         if (!ours->by[slot]) { n_off++; continue; } // a tensor this path does not materialize
         HiddenDiff r = hidden_diff_one(ours, theirs, kinds[i], layers[i], max_rel);
         tap_name(c, kinds[i], layers[i], name, sizeof name);
-        // growth: this tensor's error over the one before it (1: passed on unchanged)
         if (prev > 0) snprintf(g, sizeof g, "%.3g", r.rel / prev);
         else snprintf(g, sizeof g, "-");
         snprintf(at, sizeof at, "%d,%d", r.max_t, r.max_ch);
@@ -9387,16 +9490,20 @@ static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, d
             fprintf(tsv, "%s\t%s\t%d\t%.6g\t%.9f\t%.6g\t%d\t%d\t%s\t%d\n", what, name,
                     kinds[i] < N_LAYER_TAPS ? layers[i] : -1, r.rel, r.cosine, r.max_d, r.max_t,
                     r.max_ch, g, r.first_t);
-        if (first.first_t < 0 && r.rel > max_rel) first = r;
-        if (r.rel > worst.rel || !n_cmp) worst = r;
+        if (first.first_t < 0 && r.first_t >= 0) first = r;
+        if (!(r.rel <= worst.rel) || !n_cmp) worst = r;
         prev = r.rel;
         n_cmp++;
     }
     if (n_miss) printf("not in theirs (skipped): %s\n", missing);
     if (n_off) printf("not written by this path (the kernels fuse them; --cpu writes every one): "
                       "%d tensor%s\n", n_off, plural_s(n_off));
+    if (!n_cmp) {
+        printf("nothing compared: no selected tensor is in both dumps\n");
+        return 1;
+    }
     tap_name(c, worst.kind, worst.layer, name, sizeof name);
-    printf("largest relative error: %.3g (%s)\n", worst.rel, n_cmp ? name : "-");
+    printf("largest relative error: %.3g (%s)\n", worst.rel, name);
     if (first.first_t < 0) {
         printf("first tensor over --diff-max-rel %g: none\n", max_rel);
         return 0;
@@ -9408,7 +9515,7 @@ static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, d
 }
 
 // Self-diff's threshold (--diff-hidden cpu without --diff-max-rel): the GPU's 8-bit (decode) and
-// fp16 (batched) activations leave each tensor within about HIDDEN_GPU_REL of the exact path.
+// fp16 (batched) activations leave each token's row within about HIDDEN_GPU_REL of the exact path.
 #define HIDDEN_GPU_REL 0.05
 // Against another dump: the exact path against transformers' float64 stays within 1e-5.
 #define HIDDEN_MAX_REL 1e-4
@@ -9424,18 +9531,21 @@ static int mode_hidden(const Args *a, Model *m, const Tokenizer *tok) {
     check_tokens(c->n_vocab, ids, n, "prompt token");
     check_prompt_fits(n, c->n_ctx_train, c->n_ctx_train); // the engine is sized to the prompt
     if (self && a->use_cpu) die("--diff-hidden cpu compares the GPU with --cpu: leave --cpu out");
+    if (self && !gpu_available())
+        die("--diff-hidden cpu compares the GPU with --cpu, and no CUDA GPU was found");
     // --diff-inject needs their whole residual stream, whatever the filter keeps
     char filter[600];
     const char *f = a->hidden_filter ? a->hidden_filter : HIDDEN_RESIDUAL;
-    if (strlen(f) > 400) die("--hidden-filter: a regular expression of %zu bytes", strlen(f));
+    filter_check(f);
     if (a->diff_inject) snprintf(filter, sizeof filter, "(%s)|%s", f, HIDDEN_RESIDUAL);
     else snprintf(filter, sizeof filter, "%s", f);
     double max_rel = a->diff_max_rel >= 0 ? a->diff_max_rel : self ? HIDDEN_GPU_REL
                                                                      : HIDDEN_MAX_REL;
     Tap ours, theirs;
     tap_init(&ours, c, n, filter);
+    if (a->hidden_dump) dump_prepare(a->hidden_dump, &ours, a->model_path, a->hidden_diff);
     char missing[2000] = "";
-    int n_miss = 0, rc = 0;
+    int n_miss = 0, rc = 0, half = 0;
     FILE *tsv = NULL;
     if (a->hidden_diff) {
         if (self) { // theirs: the exact C path
@@ -9443,18 +9553,18 @@ static int mode_hidden(const Args *a, Model *m, const Tokenizer *tok) {
             fprintf(stderr, "diff-hidden: the reference, --cpu\n");
             tap_run(&theirs, m, ids, n, 0, 1);
         } else {
-            n_miss = their_hidden(&theirs, &ours, a->hidden_diff, missing, sizeof missing);
+            n_miss = their_hidden(&theirs, &ours, a->hidden_diff, missing, sizeof missing, &half);
         }
         if (a->diff_inject) { // layer l starts from their inp_embd (l = 0) or l_out-(l-1)
             ours.inject = (const float **)xcalloc(c->n_layer, sizeof(float *), "--diff-inject");
             for (int l = 0; l < c->n_layer; l++) {
-                const float *in = theirs.data[tap_slot(c, l ? TAP_L_OUT : TAP_INP_EMBD, l - 1)];
-                if (!in || !theirs.by[tap_slot(c, l ? TAP_L_OUT : TAP_INP_EMBD, l - 1)]) {
+                size_t slot = tap_slot(c, l ? TAP_L_OUT : TAP_INP_EMBD, l - 1);
+                if (!theirs.data[slot] || !theirs.by[slot]) {
                     char nm[64];
                     die("--diff-inject needs their residual stream: %s.npy is missing",
                         l ? tap_name(c, TAP_L_OUT, l - 1, nm, sizeof nm) : "inp_embd");
                 }
-                ours.inject[l] = in;
+                ours.inject[l] = theirs.data[slot];
             }
         }
         if (a->diff_out) {
@@ -9465,7 +9575,10 @@ static int mode_hidden(const Args *a, Model *m, const Tokenizer *tok) {
     }
     const char *inj =
         a->diff_inject ? ", each layer fed their residual stream (--diff-inject)" : "";
-    char what[300];
+    char what[PATH_MAX + 200];
+    if (half && max_rel < 1e-3)
+        printf("note: their files are float16, whose rounding alone is a relative error of up to "
+               "5e-4: --diff-max-rel %g measures it\n", max_rel);
     if (self) { // the GPU's two paths against the C path
         int nb = a->batch_given ? a->n_batch : 512;
         for (int p = 0; p < 2; p++) {
@@ -9477,18 +9590,18 @@ static int mode_hidden(const Args *a, Model *m, const Tokenizer *tok) {
                 tap_free(&ours);
                 ours = t2;
             }
-            tap_run(&ours, m, ids, n, 1, p ? nb : 1);
-            snprintf(what, sizeof what, "the GPU's %s against --cpu%s", p ? "batched pass" :
-                     "decode (-b 1)", inj);
+            const char *path = tap_run(&ours, m, ids, n, 1, p ? nb : 1);
+            snprintf(what, sizeof what, "the GPU's %s against --cpu%s",
+                     !strcmp(path, BY_BATCH) ? "batched pass" : "decode (-b 1)", inj);
             rc |= hidden_report(&ours, &theirs, what, max_rel, "", 0, tsv);
             if (p == 0) printf("\n");
         }
     } else {
-        tap_run(&ours, m, ids, n, !a->use_cpu, a->n_batch);
+        const char *path = tap_run(&ours, m, ids, n, !a->use_cpu, a->n_batch);
         if (a->hidden_dump) dump_hidden(a->hidden_dump, &ours);
         if (a->hidden_diff) {
-            snprintf(what, sizeof what, "ours (%s) against %s%s", a->use_cpu ? "--cpu"
-                     : a->n_batch > 1 ? "the GPU's batched pass" : "the GPU's decode",
+            snprintf(what, sizeof what, "ours (%s) against %s%s", !strcmp(path, "cpu") ? "--cpu"
+                     : !strcmp(path, BY_BATCH) ? "the GPU's batched pass" : "the GPU's decode",
                      a->hidden_diff, inj);
             rc = hidden_report(&ours, &theirs, what, max_rel, missing, n_miss, tsv);
         }

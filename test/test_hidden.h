@@ -2,7 +2,7 @@
 //
 // The tool must name the right place when a port goes wrong. The ports here are the trained models
 // with one planted bug each, against the clean file's --cpu dump (what transformers computes, to
-// the 1e-5 that test_hidden_hf checks):
+// the 1e-5 that test/gpu_hidden.sh measures):
 //   - one weight of layer 3's attn_q: with the intermediates, Qcur-3 diverges first, at token 0;
 //     with the residual stream alone, l_out-3, at token 1 (at token 0 the attention has one key,
 //     so its output is v whatever q is);
@@ -10,7 +10,8 @@
 //   - qwen35's layer 1 ssm_a (head 0's set to 0, no decay): layer 1's DeltaNet diverges first
 //     (its gate, at token 0), but its output only from token 1 (the state it decays is zero at
 //     token 0): l_out-1 at token 1;
-//   - the last layer's ffn_down, with --diff-inject: only that layer's row is over the threshold.
+//   - the last layer's ffn_down, with --diff-inject: only that layer's row is over the threshold;
+//   - a NaN weight in layer 2's ffn_down: ffn_out-2 at token 0 (a NaN is an error, never a pass).
 // Then every kind of bad input, and on the GPU, both paths against --cpu on every fixture.
 
 // A copy of model `src` at `dst` with the bytes at [at, at + n) of tensor `tensor` (or of the
@@ -135,6 +136,8 @@ static void test_hidden(void) {
          0, 0, 0, NULL, "", "l_out-1", 1},
         {"ffn_down of the last layer, one weight, --diff-inject", q3, "blk.5.ffn_down.weight", NULL,
          0, 1.0f, 1, NULL, "--diff-inject", "l_out-5", 0},
+        {"a NaN weight in layer 2's ffn_down", q3, "blk.2.ffn_down.weight", NULL, 0, NAN, 1, ".",
+         "", "ffn_out-2", 0},
     };
     for (int b = 0; b < (int)(sizeof bugs / sizeof bugs[0]); b++) {
         uint8_t bytes[4];
@@ -208,19 +211,35 @@ static void test_hidden(void) {
          "--dump-hidden THEIRS --hidden-filter nothing", "matches no tensor"},
         {"no prompt", NULL, NULL, NULL, NULL, 0, "--dump-hidden THEIRS NOIDS",
          "needs a prompt"},
+        {"a FIFO for a .npy (it would block)", "FIFO", NULL, NULL, NULL, 0, "--diff-hidden THEIRS",
+         "is not a regular file"},
+        {"a count regcomp cannot take", NULL, NULL, NULL, NULL, 0,
+         "--dump-hidden THEIRS --hidden-filter '(.*){1,32767}'", "a count above 64"},
+        {"a manifest's shape that is not sizes", "manifest.tsv",
+         MANIFEST "l_out-0.npy\t0\tl_out-0\t16,abc\t-\tx\n", NULL, NULL, 0,
+         "--diff-hidden THEIRS", "is not sizes such as 64,256"},
+        {"the dump into their directory", NULL, NULL, NULL, NULL, 0,
+         "--dump-hidden THEIRS --diff-hidden THEIRS", "their files would be overwritten"},
+        {"--diff-out without a comparison", NULL, NULL, NULL, NULL, 0,
+         "--dump-hidden THEIRS --diff-out THEIRS/x.tsv", "it needs --diff-hidden"},
+        {"-c, which the prompt sizes", NULL, NULL, NULL, NULL, 0, "--dump-hidden THEIRS -c 64",
+         "does not apply"},
     };
     int good = 1, nc = (int)(sizeof cases / sizeof cases[0]);
     for (int c = 0; c < nc; c++) {
         char f[400], args[300];
         snprintf(cmd, sizeof cmd, "rm -f %s/*", theirs);
         if (system(cmd) != 0) die("test: rm");
-        if (cases[c].file) {
+        if (cases[c].file && !strcmp(cases[c].file, "FIFO")) {
+            snprintf(f, sizeof f, "%s/l_out-0.npy", theirs);
+            if (mkfifo(f, 0666) != 0) die("test: mkfifo %s", f);
+        } else if (cases[c].file) {
             snprintf(f, sizeof f, "%s/%s", theirs, cases[c].file);
             if (cases[c].text) write_file(f, cases[c].text, strlen(cases[c].text));
             else write_npy(f, cases[c].descr, "False", cases[c].shape, zero, cases[c].rows * 4u);
         }
         snprintf(args, sizeof args, "%s", cases[c].args);
-        subst(args, sizeof args, "THEIRS", theirs);
+        for (int k = 0; k < 3; k++) subst(args, sizeof args, "THEIRS", theirs);
         int noids = strstr(args, "NOIDS") != NULL;
         subst(args, sizeof args, " NOIDS", "");
         snprintf(cmd, sizeof cmd, "%s -m %s --cpu %s%s %s 2>&1", QWEN, q3, noids ? "" : "--tokens ",
@@ -235,6 +254,23 @@ static void test_hidden(void) {
     snprintf(npy, sizeof npy, "hidden: %d kinds of bad input -> a one-line error naming it, exit 1",
              nc);
     check(good, npy);
+    // a filter without the logits (their slot stays empty), and transformers' leading batch of 1
+    snprintf(cmd, sizeof cmd, "rm -f %s/*", theirs);
+    if (system(cmd) != 0) die("test: rm");
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --dump-hidden %s --hidden-filter Qcur "
+             "2>&1 && ls %s | wc -l", QWEN, q3, ids, theirs, theirs);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 0 && strstr(out, "6 tensors") && atoi(strrchr(out, ')') + 1) == 7,
+          "hidden: --hidden-filter Qcur: 6 files and the manifest (no logits)");
+    snprintf(cmd, sizeof cmd, "rm -f %s/*", theirs);
+    if (system(cmd) != 0) die("test: rm");
+    snprintf(npy, sizeof npy, "%s/l_out-0.npy", theirs);
+    write_npy(npy, "'<f4'", "False", "(1, 16, 256)", zero, 16 * 256 * 4);
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-hidden %s 2>&1", QWEN, q3, ids,
+             theirs);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 1 && strstr(out, "  l_out-0 ") && strstr(out, "result: FAIL") &&
+          !strstr(out, "\nerror: "), "hidden: a .npy of shape (1, n_tokens, width) is read");
 }
 
 // GPU: both paths against the exact C path, tensor by tensor, on every fixture and the trained

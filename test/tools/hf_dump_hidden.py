@@ -15,8 +15,9 @@ the first N. The model is loaded with AutoModelForCausalLM in --dtype (default f
 attention, eval mode, and runs ONE forward over the ids (use_cache=False,
 output_hidden_states=True); forward hooks on named modules catch the tensors. Writes
 OUT_DIR/NAME.npy (float32 '<f4', C order; T = number of ids) for every name that --filter
-(re.fullmatch; default 'inp_embd|l_out-\\d+|result_norm|result_output', '.*' for all) selects,
-and OUT_DIR/manifest.tsv (file, layer, name, shape, transformers, written_by), in this order:
+selects (re.search, as qwen.cu's --hidden-filter; default
+'^(inp_embd|l_out-\\d+|result_norm|result_output)$', '.' for all), and OUT_DIR/manifest.tsv
+(file, layer, name, shape, transformers, written_by), in this order:
 
   inp_embd (T,E); per layer N: attn_norm-N (T,E), then
     full attention: Qcur-N (T,H,hd) [q_norm output + RoPE], Kcur-N (T,Hkv,hd), Vcur-N (T,Hkv,hd),
@@ -66,7 +67,7 @@ import sys
 import tempfile
 from array import array
 
-DEFAULT_FILTER = r"inp_embd|l_out-\d+|result_norm|result_output"
+DEFAULT_FILTER = r"^(inp_embd|l_out-\d+|result_norm|result_output)$"
 
 
 class Fail(Exception):
@@ -516,7 +517,7 @@ def dump(model_dir, out_dir, ids, dtype_name="float64", device="cpu", filt=DEFAU
         shape = tuple(t.shape)
         if shape != expect[name]:
             raise Fail("internal: %s has shape %s, expected %s" % (name, shape, expect[name]))
-        sel = pattern.fullmatch(name) is not None
+        sel = pattern.search(name) is not None
         if not quiet:
             print("%-28s %-16s %s" % (name, ",".join(map(str, shape)),
                                       "written" if sel else "-"))
@@ -768,7 +769,7 @@ def check_files(arch, out_dir, by, rows, cfg, T, filt, dtype_name):
     """Every selected name written with its shape, the manifest right, the values float32."""
     import torch
     d = Dims(cfg)
-    want = [(n, s) for n, s in d.shapes(T) if re.fullmatch(filt, n)]
+    want = [(n, s) for n, s in d.shapes(T) if re.search(filt, n)]
     failed = 0
     with open(os.path.join(out_dir, "manifest.tsv")) as f:
         lines = f.read().splitlines()
@@ -830,7 +831,7 @@ def main(argv):
     ap.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--filter", default=DEFAULT_FILTER,
-                    help="re.fullmatch on the names to write (default: %(default)s)")
+                    help="re.search on the names to write (default: %(default)s)")
     ap.add_argument("--ref-logits", help="raw float32 [P][V] logits to compare with")
     ap.add_argument("--selftest", action="store_true",
                     help="tiny random models, no checkpoint needed")
