@@ -9533,6 +9533,7 @@ static int mode_hidden(const Args *a, Model *m, const Tokenizer *tok) {
     if (self && a->use_cpu) die("--diff-hidden cpu compares the GPU with --cpu: leave --cpu out");
     if (self && !gpu_available())
         die("--diff-hidden cpu compares the GPU with --cpu, and no CUDA GPU was found");
+    if (self) budget_or_refuse(m, n, n); // before the CPU pass, which may take long
     // --diff-inject needs their whole residual stream, whatever the filter keeps
     char filter[600];
     const char *f = a->hidden_filter ? a->hidden_filter : HIDDEN_RESIDUAL;
