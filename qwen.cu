@@ -6484,16 +6484,23 @@ static void forward_gpu_enqueue(const Model *m, GpuState *s) {
     matvec(&w->output, &s->xb, s->logits, DEV(w->output_bias), 0, st);
 }
 
-// Capture the forward pass as a graph, with its input and output copies, once.
-static void gpu_capture(const Model *m, GpuState *s) {
+// A token's work on the stream: its embedding row and position up, the forward pass, the logits
+// down (pinned h_x, h_pos and h_logits).
+static void forward_gpu_token_enqueue(const Model *m, GpuState *s) {
     cudaStream_t st = s->stream;
-    cudaGraph_t graph;
-    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
     CUDA_CHECK(cudaMemcpyAsync(s->x, s->h_x, m->c.n_embd * 4u, cudaMemcpyHostToDevice, st));
     CUDA_CHECK(cudaMemcpyAsync(s->pos, s->h_pos, 4, cudaMemcpyHostToDevice, st));
     forward_gpu_enqueue(m, s);
     CUDA_CHECK(
         cudaMemcpyAsync(s->h_logits, s->logits, m->c.n_vocab * 4u, cudaMemcpyDeviceToHost, st));
+}
+
+// Capture the forward pass as a graph, with its input and output copies, once.
+static void gpu_capture(const Model *m, GpuState *s) {
+    cudaStream_t st = s->stream;
+    cudaGraph_t graph;
+    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    forward_gpu_token_enqueue(m, s);
     CUDA_CHECK(cudaStreamEndCapture(st, &graph));
     CUDA_CHECK(cudaGraphInstantiateWithFlags(&s->graph, graph, 0));
     CUDA_CHECK(cudaGraphDestroy(graph));
@@ -6512,13 +6519,8 @@ static void forward_gpu(const Model *m, GpuState *s, int token, int pos) {
         CUDA_CHECK(cudaMemsetAsync(s->conv_state, 0, s->state_bytes, s->stream));
     if (s->tap) { // the graph's work, enqueued step by step so that the taps can copy in between
         tap_put(s->tap, TAP_INP_EMBD, 0, pos, 1, s->h_x, BY_DECODE);
-        cudaStream_t st = s->stream;
-        CUDA_CHECK(cudaMemcpyAsync(s->x, s->h_x, m->c.n_embd * 4u, cudaMemcpyHostToDevice, st));
-        CUDA_CHECK(cudaMemcpyAsync(s->pos, s->h_pos, 4, cudaMemcpyHostToDevice, st));
-        forward_gpu_enqueue(m, s);
-        CUDA_CHECK(cudaMemcpyAsync(s->h_logits, s->logits, m->c.n_vocab * 4u,
-                                   cudaMemcpyDeviceToHost, st));
-        CUDA_CHECK(cudaStreamSynchronize(st));
+        forward_gpu_token_enqueue(m, s);
+        CUDA_CHECK(cudaStreamSynchronize(s->stream));
         return;
     }
     if (!s->graph) gpu_capture(m, s);
@@ -8727,6 +8729,15 @@ static int npy_header(const uint8_t *f, size_t len, int *elem, long long *shape,
     return 0;
 }
 
+// One little-endian value of a .npy array of elem bytes (float16, float32 or float64).
+static double npy_value(const uint8_t *v, int elem) {
+    if (elem == 2) { uint16_t h; memcpy(&h, v, 2); return fp16_to_f32(h); }
+    if (elem == 4) { float g; memcpy(&g, v, 4); return g; }
+    double x;
+    memcpy(&x, v, 8);
+    return x;
+}
+
 // n float32 values read with their bytes swapped: 1 when every one is finite and below 1e4 in
 // magnitude, as logits are. The swapped value's exponent comes from a mantissa byte of the
 // original, which puts it at 1e4 or above (or makes it NaN or infinite) 45 % of the time, so other
@@ -8807,11 +8818,7 @@ static void their_open(TheirLogits *t, const char *path, int n_rows, int n_vocab
             t->n_rows, t->n_cols, 8 * t->elem, need, t->map_len - off);
     for (int r = 0; r < t->n_rows; r++)
         for (int i = 0; i < t->n_cols; i++) {
-            const uint8_t *v = t->data + ((size_t)r * t->n_cols + i) * t->elem;
-            double x;
-            if (t->elem == 2) { uint16_t h; memcpy(&h, v, 2); x = fp16_to_f32(h); }
-            else if (t->elem == 4) { float g; memcpy(&g, v, 4); x = g; }
-            else memcpy(&x, v, 8);
+            double x = npy_value(t->data + ((size_t)r * t->n_cols + i) * t->elem, t->elem);
             if (!isfinite(x) || fabs(x) > FLT_MAX) // read as float32: float64's range is not
                 die("--diff-logits '%s': the logit of id %d at position %d is %s%s", path, i, r,
                     isfinite(x) ? "past float32's range" : "not finite",
@@ -8824,11 +8831,7 @@ static void their_open(TheirLogits *t, const char *path, int n_rows, int n_vocab
 // Row r of their logits as float.
 static void their_row(const TheirLogits *t, int r, float *out /* (n_cols) */) {
     const uint8_t *v = t->data + (size_t)r * t->n_cols * t->elem;
-    for (int i = 0; i < t->n_cols; i++, v += t->elem) {
-        if (t->elem == 2) { uint16_t h; memcpy(&h, v, 2); out[i] = fp16_to_f32(h); }
-        else if (t->elem == 4) memcpy(&out[i], v, 4);
-        else { double x; memcpy(&x, v, 8); out[i] = (float)x; }
-    }
+    for (int i = 0; i < t->n_cols; i++, v += t->elem) out[i] = (float)npy_value(v, t->elem);
 }
 
 // One position's comparison.
@@ -9110,11 +9113,11 @@ static void filter_check(const char *filter) {
 }
 
 // A tap keeping every tensor whose name the regular expression (POSIX extended, as grep -E)
-// matches somewhere: "l_out" selects every l_out-N, "^l_out-1$" only layer 1's.
+// matches somewhere: "l_out" selects every l_out-N, "^l_out-1$" only layer 1's. The user's part
+// of it has passed filter_check.
 static void tap_init(Tap *tp, const Config *c, int n_tok, const char *filter) {
     regex_t re;
     char name[64], err[200];
-    filter_check(filter);
     int rc = regcomp(&re, filter, REG_EXTENDED | REG_NOSUB);
     if (rc) {
         regerror(rc, &re, err, sizeof err);
@@ -9402,11 +9405,7 @@ static int their_hidden(Tap *theirs, const Tap *ours, const char *dir, char *mis
         *half |= elem == 2;
         float *d = theirs->data[slot] = (float *)xmalloc(T * w * 4, "their tensor");
         for (size_t i2 = 0; i2 < T * w; i2++) {
-            const uint8_t *v = buf + off + i2 * elem;
-            double x;
-            if (elem == 2) { uint16_t h; memcpy(&h, v, 2); x = fp16_to_f32(h); }
-            else if (elem == 4) { float g; memcpy(&g, v, 4); x = g; }
-            else memcpy(&x, v, 8);
+            double x = npy_value(buf + off + i2 * elem, elem);
             if (!isfinite(x) || fabs(x) > FLT_MAX)
                 die("--diff-hidden: '%s': value %zu (token %zu) is %s", path, i2 % w, i2 / w,
                     isfinite(x) ? "past float32's range" : "not finite");

@@ -107,13 +107,18 @@ class Reader:
         return self.take(SCALAR_FMT[t], what)
 
 
-def read_gguf(path):
-    """Returns (metadata dict, tensors dict name -> (ne list, type, bytes view))."""
+def read_all(path):
+    """The bytes of a file, or Fail naming it."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError as e:
         raise Fail("%s: %s" % (path, e.strerror))
+
+
+def read_gguf(path):
+    """Returns (metadata dict, tensors dict name -> (ne list, type, bytes view))."""
+    data = read_all(path)
     r = Reader(memoryview(data), path)
     if len(data) < 4 or data[:4] != b"GGUF":
         raise Fail("%s: not a GGUF file (no GGUF magic)" % path)
@@ -535,11 +540,7 @@ def write_safetensors(path, tensors):
 
 def read_safetensors(path):
     """name -> (dtype, shape, raw bytes); bounds-checked."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise Fail("%s: %s" % (path, e.strerror))
+    data = read_all(path)
     if len(data) < 8:
         raise Fail("%s: truncated" % path)
     n = struct.unpack_from("<Q", data, 0)[0]

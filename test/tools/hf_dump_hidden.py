@@ -67,6 +67,9 @@ import sys
 import tempfile
 from array import array
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gguf_to_hf import write_atomic  # noqa: E402 (the same directory)
+
 DEFAULT_FILTER = r"^(inp_embd|l_out-\d+|result_norm|result_output)$"
 
 
@@ -115,19 +118,9 @@ def read_npy(path):
 
 
 def write_file_atomic(path, chunks):
-    """Write the byte strings into a temporary file next to path, then rename it over path."""
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp-", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for c in chunks:
-                f.write(c)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write the byte strings into a temporary file next to path, then rename it over path
+    (gguf_to_hf.py's write_atomic)."""
+    write_atomic(path, lambda f: [f.write(c) for c in chunks])
 
 
 def write_npy(path, t):
