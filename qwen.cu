@@ -7723,10 +7723,7 @@ static void print_model(Model *m, int n_ctx) {
     if (gpu_available()) budget_measure(&b, g_vram_limit);
     budget_compute(&b, m, n_ctx);
     budget_print(&b, m, n_ctx, g_vram_limit, stdout);
-    if (b.measured && !budget_fits(&b)) {
-        FitHint h = budget_hint(&b, m, n_ctx);
-        printf("  largest context that fits: -c %d\n", h.max_ctx);
-    }
+    if (b.measured && !budget_fits(&b)) budget_hints(&b, m, n_ctx, 1, stdout);
 }
 
 // --- perplexity and KL divergence, in llama.cpp's file format -----------------------------------
@@ -8246,7 +8243,7 @@ static int usage(FILE *f) {
         "  --hidden-filter RE  the tensors, by a regular expression on their names (default:\n"
         "                    the residual stream, inp_embd|l_out-N|result_norm|result_output;\n"
         "                    '.' for every tensor)\n"
-        "  --diff-max-rel X  --diff-hidden's threshold (default 1e-4; with cpu, 0.05)\n"
+        "  --diff-max-rel X  --diff-hidden's threshold (default 1e-4; with cpu, 0.02)\n"
         "  --diff-inject     --diff-hidden: each layer starts from their residual stream, so\n"
         "                    that its row shows its own error\n"
         "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
@@ -9513,10 +9510,14 @@ static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, d
     return 1;
 }
 
-// Self-diff's threshold (--diff-hidden cpu without --diff-max-rel): the GPU's 8-bit (decode) and
-// fp16 (batched) activations leave each token's row within about HIDDEN_GPU_REL of the exact path.
-#define HIDDEN_GPU_REL 0.05
-// Against another dump: the exact path against transformers' float64 stays within 1e-5.
+// Self-diff's threshold (--diff-hidden cpu without --diff-max-rel): the GPU's 16-bit activations
+// (decode) and fp16 products (batched) leave each token's row within 9e-4 (decode) and 6e-3
+// (batched) of the exact path on every fixture and trained model, measured on an H100 with both
+// builds; the threshold leaves room for other cards and models.
+#define HIDDEN_GPU_REL 0.02
+// Against another dump: the exact path against transformers' float64 (test/gpu_hidden.sh) is
+// within 1e-5 per tensor and 3e-5 per token's row (transformers' L2 norm adds eps under the
+// root, the GGUF one takes max(|x|, eps): they differ most where |x| is small, at token 0).
 #define HIDDEN_MAX_REL 1e-4
 
 // --dump-hidden DIR and/or --diff-hidden THEIRS|cpu.

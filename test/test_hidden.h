@@ -119,6 +119,42 @@ static void test_hidden(void) {
     check(rc == 0 && strstr(out, "largest relative error: 0 ") && strstr(out, "result: PASS"),
           "hidden: a dump against itself: every relative error 0, PASS");
 
+    // Against transformers: test/gpu_hidden.sh's float64 dumps (stored as float32) of every tensor
+    // for the sample's first 64 tokens, from checkpoints rebuilt from these F16 files; the logits
+    // are left out (the -ref.f32 files hold them). --cpu is within 1e-5 of every tensor. qwen3
+    // holds every token's row to 1e-5 too. qwen35's rows are held to 4e-5: transformers' L2 norm
+    // is x * rsqrt(sum x^2 + eps), the GGUF one x / max(|x|, eps), which differ by eps / (2 sum
+    // x^2), 1.6e-5 where sum x^2 is smallest (0.0315, q of token 0 in layer 0); the delta rule's
+    // output at token 0 is v (k . q), which takes both q's and k's share.
+    for (int a = 0; a < 2; a++)
+        for (int inject = 0; inject < 2; inject++) {
+            char ids64[2048], ref[512];
+            snprintf(path, sizeof path, "%s/trained/sample-ids.txt", DATA);
+            all = read_file(path, NULL);
+            int n = 0, c = 0;
+            for (; all && all[n] && c < 64 && n < (int)sizeof ids64 - 1; n++) c += all[n] == ',';
+            snprintf(ids64, sizeof ids64, "%.*s", n - 1, all ? all : "");
+            free(all);
+            snprintf(ref, sizeof ref, "%s/trained/hidden-%s", DATA, a ? "qwen35" : "qwen3");
+            snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-hidden %s --hidden-filter "
+                     "'.*' --diff-max-rel %s %s 2>&1", QWEN, a ? q35 : q3, ids64, ref,
+                     a ? "4e-5" : "1e-5", inject ? "--diff-inject" : "");
+            rc = run_cmd(cmd, out, sizeof out);
+            const char *lg = strstr(out, "largest relative error: ");
+            double largest = lg ? atof(lg + 24) : INFINITY;
+            // every tensor but the logits: qwen3 6 layers of 10, and 2; qwen35 3 x 16 + 11 + 2
+            int rows = 0;
+            for (const char *p = out; (p = strstr(p, "  cpu\n")) != NULL; p++) rows++;
+            int want = a ? 3 * 16 + 11 + 2 : 6 * 10 + 2;
+            char name[200];
+            snprintf(name, sizeof name, "hidden: trained %s --cpu against transformers%s, %d "
+                     "tensors (largest relative error of a tensor)", a ? "qwen35" : "qwen3",
+                     inject ? " (--diff-inject)" : "", want);
+            int ok = rc == 0 && rows == want && strstr(out, "result: PASS");
+            report(ok && largest <= 1e-5, name, largest, 1e-5);
+            if (!ok) printf("     rc=%d rows=%d\n%.3000s\n", rc, rows, out);
+        }
+
     // the planted bugs
     struct {
         const char *what, *model, *tensor, *key; size_t at; float v32; int f16;
