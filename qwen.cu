@@ -8243,7 +8243,7 @@ static int usage(FILE *f) {
         "  --hidden-filter RE  the tensors, by a regular expression on their names (default:\n"
         "                    the residual stream, inp_embd|l_out-N|result_norm|result_output;\n"
         "                    '.' for every tensor)\n"
-        "  --diff-max-rel X  --diff-hidden's threshold (default 1e-4; with cpu, 0.02)\n"
+        "  --diff-max-rel X  --diff-hidden's threshold (default 1e-4; with cpu, 0.05)\n"
         "  --diff-inject     --diff-hidden: each layer starts from their residual stream, so\n"
         "                    that its row shows its own error\n"
         "  --cpu             run the plain-C reference forward pass instead of the GPU\n"
@@ -9511,10 +9511,10 @@ static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, d
 }
 
 // Self-diff's threshold (--diff-hidden cpu without --diff-max-rel): the GPU's 16-bit activations
-// (decode) and fp16 products (batched) leave each token's row within 9e-4 (decode) and 6e-3
-// (batched) of the exact path on every fixture and trained model, measured on an H100 with both
-// builds; the threshold leaves room for other cards and models.
-#define HIDDEN_GPU_REL 0.02
+// (decode) and fp16 products (batched) leave each tensor within 9e-4 (decode) and 6e-3 (batched)
+// of the exact path, and each token's row within 0.05 (a row of tiny-qwen35 Q8_0 is over 0.02),
+// on every fixture and trained model, measured on an H100 with both builds.
+#define HIDDEN_GPU_REL 0.05
 // Against another dump: the exact path against transformers' float64 (test/gpu_hidden.sh) is
 // within 1e-5 per tensor and 3e-5 per token's row (transformers' L2 norm adds eps under the
 // root, the GGUF one takes max(|x|, eps): they differ most where |x| is small, at token 0).
