@@ -9428,13 +9428,15 @@ typedef struct {
     int max_t, max_ch;
     int first_t;          // the first token whose own relative error is over the threshold, or -1
     double first_rel;     // that token's relative error
+    double row_rel;       // the largest relative error of one token's row, at token row_t
+    int row_t;
 } HiddenDiff;
 
 static HiddenDiff hidden_diff_one(const Tap *ours, const Tap *theirs, int kind, int l,
                                   double max_rel) {
     size_t slot = tap_slot(ours->c, kind, l), w = tap_width(ours->c, kind, l);
     const float *a = ours->data[slot], *b = theirs->data[slot];
-    HiddenDiff r = {kind, l, 0, 0, 0, 0, 0, -1, 0};
+    HiddenDiff r = {kind, l, 0, 0, 0, 0, 0, -1, 0, 0, 0};
     double d2 = 0, a2 = 0, b2 = 0, ab = 0;
     for (int t = 0; t < ours->n_tok; t++) {
         double td2 = 0, tb2 = 0;
@@ -9451,6 +9453,7 @@ static HiddenDiff hidden_diff_one(const Tap *ours, const Tap *theirs, int kind, 
         b2 += tb2;
         double trel = td2 == 0 ? 0 : tb2 == 0 ? INFINITY : sqrt(td2 / tb2);
         if (r.first_t < 0 && !(trel <= max_rel)) r.first_t = t, r.first_rel = trel;
+        if (!(trel <= r.row_rel)) r.row_rel = trel, r.row_t = t;
     }
     r.rel = d2 == 0 ? 0 : b2 == 0 ? INFINITY : sqrt(d2 / b2);
     r.cosine = a2 == 0 && b2 == 0 ? 1 : a2 == 0 || b2 == 0 ? 0 : ab / sqrt(a2 * b2);
@@ -9464,7 +9467,7 @@ static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, d
                          const char *missing, int n_miss, FILE *tsv) {
     const Config *c = ours->c;
     int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(c, kinds, layers), n_cmp = 0, n_off = 0;
-    HiddenDiff first = {0, 0, 0, 0, 0, 0, 0, -1, 0}, worst = first;
+    HiddenDiff first = {0, 0, 0, 0, 0, 0, 0, -1, 0, 0, 0}, worst = first, worst_row = first;
     double prev = -1;
     char name[64], g[32], at[32];
     printf("diff-hidden: %s, %d token%s (growth: the error over the row above's)\n", what,
@@ -9483,11 +9486,12 @@ static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, d
         printf("  %-26s %10.3g %10.7f %10.3g  %-13s %8s  %s\n", name, r.rel, r.cosine, r.max_d,
                r.max_d > 0 ? at : "-", g, ours->by[slot]);
         if (tsv)
-            fprintf(tsv, "%s\t%s\t%d\t%.6g\t%.9f\t%.6g\t%d\t%d\t%s\t%d\n", what, name,
-                    kinds[i] < N_LAYER_TAPS ? layers[i] : -1, r.rel, r.cosine, r.max_d, r.max_t,
-                    r.max_ch, g, r.first_t);
+            fprintf(tsv, "%s\t%s\t%d\t%.6g\t%.9f\t%.6g\t%d\t%d\t%s\t%d\t%.6g\t%d\n", what,
+                    name, kinds[i] < N_LAYER_TAPS ? layers[i] : -1, r.rel, r.cosine, r.max_d,
+                    r.max_t, r.max_ch, g, r.first_t, r.row_rel, r.row_t);
         if (first.first_t < 0 && r.first_t >= 0) first = r;
         if (!(r.rel <= worst.rel) || !n_cmp) worst = r;
+        if (!(r.row_rel <= worst_row.row_rel) || !n_cmp) worst_row = r;
         prev = r.rel;
         n_cmp++;
     }
@@ -9500,6 +9504,9 @@ static int hidden_report(const Tap *ours, const Tap *theirs, const char *what, d
     }
     tap_name(c, worst.kind, worst.layer, name, sizeof name);
     printf("largest relative error: %.3g (%s)\n", worst.rel, name);
+    tap_name(c, worst_row.kind, worst_row.layer, name, sizeof name);
+    printf("largest of a token's row: %.3g (%s, token %d)\n", worst_row.row_rel, name,
+           worst_row.row_t);
     if (first.first_t < 0) {
         printf("first tensor over --diff-max-rel %g: none\n", max_rel);
         return 0;
@@ -9571,7 +9578,7 @@ static int mode_hidden(const Args *a, Model *m, const Tokenizer *tok) {
         if (a->diff_out) {
             tsv = output_open("--diff-out", a->diff_out);
             fprintf(tsv, "path\ttensor\tlayer\trel_err\tcosine\tmax_abs_d\tmax_token\tmax_channel"
-                    "\tgrowth\tfirst_token_over\n");
+                    "\tgrowth\tfirst_token_over\trow_rel_err\trow_token\n");
         }
     }
     const char *inj =

@@ -116,8 +116,9 @@ static void test_hidden(void) {
     snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-hidden %s --hidden-filter '.*' "
              "2>&1", QWEN, q35, ids, d35);
     int rc = run_cmd(cmd, out, sizeof out);
-    check(rc == 0 && strstr(out, "largest relative error: 0 ") && strstr(out, "result: PASS"),
-          "hidden: a dump against itself: every relative error 0, PASS");
+    check(rc == 0 && strstr(out, "largest relative error: 0 ") &&
+          strstr(out, "largest of a token's row: 0 ") && strstr(out, "result: PASS"),
+          "hidden: a dump against itself: every relative error 0, every row's too, PASS");
 
     // Against transformers: test/gpu_hidden.sh's float64 dumps (stored as float32) of every tensor
     // for the sample's first 64 tokens, from checkpoints rebuilt from these F16 files; the logits
@@ -142,6 +143,8 @@ static void test_hidden(void) {
             rc = run_cmd(cmd, out, sizeof out);
             const char *lg = strstr(out, "largest relative error: ");
             double largest = lg ? atof(lg + 24) : INFINITY;
+            const char *lr = strstr(out, "largest of a token's row: ");
+            if (lr) printf("info %.*s\n", (int)strcspn(lr, "\n"), lr);
             // every tensor but the logits: qwen3 6 layers of 10, and 2; qwen35 3 x 16 + 11 + 2
             int rows = 0;
             for (const char *p = out; (p = strstr(p, "  cpu\n")) != NULL; p++) rows++;
@@ -317,7 +320,7 @@ static void test_hidden_gpu(void) {
     static char out[1 << 18], cmd[2048];
     const char *dirs[] = {"tiny-qwen2", "tiny-qwen3", "tiny-qwen35", "trained"};
     int n_files = 0, good = 1;
-    double worst[2] = {0, 0};
+    double worst[2] = {0, 0}, worst_row[2] = {0, 0};
     for (int d = 0; d < 4; d++) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s/%s", DATA, dirs[d]);
@@ -335,9 +338,13 @@ static void test_hidden_gpu(void) {
                 p = strstr(p, "largest relative error: ");
                 double r = p ? atof(p + 24) : INFINITY;
                 if (p) p += 24;
-                printf("info gpu hidden %-40s %s: largest relative error %.3g\n", e->d_name,
-                       path ? "batched" : "decode ", r);
+                const char *q = p ? strstr(p, "largest of a token's row: ") : NULL;
+                double row = q ? atof(q + 26) : INFINITY;
+                printf("info gpu hidden %-32s %s: largest relative error %.3g, %.*s\n",
+                       e->d_name, path ? "batched" : "decode ", r, q ? (int)strcspn(q, "\n") : 0,
+                       q ? q : "");
                 worst[path] = worse(worst[path], r);
+                worst_row[path] = worse(worst_row[path], row);
             }
             if (rc != 0) {
                 printf("     %s: rc=%d\n%.2000s\n", e->d_name, rc, out);
@@ -348,7 +355,8 @@ static void test_hidden_gpu(void) {
         closedir(dp);
     }
     char name[200];
-    snprintf(name, sizeof name, "gpu hidden: --diff-hidden cpu on %d files, PASS: decode %.2g, "
-             "batched %.2g", n_files, worst[0], worst[1]);
+    snprintf(name, sizeof name, "gpu hidden: --diff-hidden cpu on %d files, PASS: decode %.2g "
+             "(a row %.2g), batched %.2g (a row %.2g)", n_files, worst[0], worst_row[0], worst[1],
+             worst_row[1]);
     check(good && n_files > 0, name);
 }
