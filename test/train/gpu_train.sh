@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# test/train/gpu_train.sh PACK OUT — train both tiny models on a GPU machine (torch, transformers
-# and tokenizers installed) and pack the checkpoints and their references into OUT.
+# test/train/gpu_train.sh PACK OUT [QWEN3_OPTIONS [QWEN35_OPTIONS]] — train both tiny models on a
+# GPU machine (torch, transformers and tokenizers installed) and pack the checkpoints and their
+# references into OUT. The options are train_tiny.py's, after the defaults below (the last one
+# given wins), e.g. "--width 512 --ffn 1536 --layers 3 --max-seconds 500" (test/train/gpu_sweep.sh
+# compares shapes first).
 #   PACK: corpus.tar.xz (corpus/train.txt, corpus/heldout.txt from test/train/corpus.sh) and
 #         tokenizer.json (test/train/make_tokenizer.py)
 #   OUT:  trained.tar.xz.* (split in 15 MB parts: qwen3/ and qwen35/ as train_tiny.py writes them)
 #         and the logs. Put the parts together with `cat OUT/trained.tar.xz.* | tar xJf -`.
 # First a smoke test of the whole pipeline on 2 MB of text, so that a broken step costs seconds.
 set -euo pipefail
-pack=$1; out=$2
+pack=$1; out=$2; opts3=${3:-}; opts35=${4:-}
 work=$(mktemp -d)
 tar xJf "$pack/corpus.tar.xz" -C "$work"
 python3 -c 'import torch, transformers, tokenizers; print("torch", torch.__version__,
@@ -21,13 +24,17 @@ train() { # arch out_dir log [train_tiny.py options]
         { grep -v Warning "$log" | tail -40; return 1; }
     grep -E "^\{|parameters" "$log" | tail -3
 }
-for arch in qwen3 qwen35; do
-    train $arch "$work/smoke/$arch" "$out/smoke-$arch.log" --steps 20 --eval-every 10 \
-        --ref-positions 8 --max-train-bytes 2000000
+for arch in qwen3 qwen35; do # with the shape options too (the smoke's own flags come last)
+    o=$opts3; [ $arch = qwen35 ] && o=$opts35
+    # shellcheck disable=SC2086
+    train $arch "$work/smoke/$arch" "$out/smoke-$arch.log" $o --steps 20 --eval-every 10 \
+        --max-seconds 600 --ref-positions 8 --max-train-bytes 2000000
 done
+# shellcheck disable=SC2086  # the options are words
 train qwen3 "$work/out/qwen3" "$out/train-qwen3.log" --steps 1200 --max-seconds 120 \
-    --ids-cache "$work/ids.pt"
+    --ids-cache "$work/ids.pt" $opts3
+# shellcheck disable=SC2086
 train qwen35 "$work/out/qwen35" "$out/train-qwen35.log" --steps 1200 --max-seconds 200 \
-    --ids-cache "$work/ids.pt"
+    --ids-cache "$work/ids.pt" $opts35
 tar cf - -C "$work/out" qwen3 qwen35 | xz -T0 -3 | split -b 15M - "$out/trained.tar.xz."
 ls -la "$out"

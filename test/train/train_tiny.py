@@ -5,7 +5,9 @@
         --tokenizer .train/tokenizer.json --out .train/out/qwen3
 
 The model is transformers' own class (Qwen3ForCausalLM, Qwen3_5ForCausalLM): the reference
-definition of the math. Training: AdamW, bf16 autocast, 512-token windows drawn at random from the
+definition of the math. --layers, --width and --ffn choose its shape, --weight-decay, --warmup,
+--min-lr and --attn-dropout the optimizer's schedule; the defaults are the committed models'.
+--no-refs (tuning runs, test/train/gpu_sweep.sh) stops after train.json and the checkpoint. Training: AdamW, bf16 autocast, 512-token windows drawn at random from the
 training text; a validation set cut from the training text (every 50th window) picks the best
 checkpoint, so the held-out text decides nothing and measures only. Seeded.
 
@@ -46,25 +48,33 @@ def sha256(path):
     return h.hexdigest()
 
 
-def make_model(arch, n_vocab, n_ctx):
-    """The two tiny shapes: every row length a multiple of 256 (IQ4_XS and K-quants need it)."""
-    common = dict(vocab_size=n_vocab, hidden_size=256, intermediate_size=768,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+def make_model(arch, n_vocab, n_ctx, layers=0, width=256, ffn=768, attn_dropout=0.0):
+    """The tiny shapes: every row length a multiple of 256 (IQ4_XS and K-quants need it), heads of
+    64 (width / 64 query heads, half as many key/value heads; qwen35's DeltaNet: width / 128 key
+    and width / 64 value heads). The defaults are the committed models' shapes; layers 0: 6 for
+    qwen3, 4 for qwen35 (whose layers go 3 DeltaNet, 1 attention, repeated)."""
+    assert width % 256 == 0 and ffn % 256 == 0, "rows must be multiples of 256"
+    common = dict(vocab_size=n_vocab, hidden_size=width, intermediate_size=ffn,
+                  num_attention_heads=width // 64, num_key_value_heads=width // 128, head_dim=64,
                   max_position_embeddings=n_ctx, rms_norm_eps=1e-6, bos_token_id=n_vocab - 1,
-                  eos_token_id=n_vocab - 1, pad_token_id=n_vocab - 1, attention_dropout=0.0)
+                  eos_token_id=n_vocab - 1, pad_token_id=n_vocab - 1,
+                  attention_dropout=attn_dropout)
     if arch == "qwen3":
         from transformers import Qwen3Config, Qwen3ForCausalLM
-        cfg = Qwen3Config(num_hidden_layers=6, tie_word_embeddings=True,
+        cfg = Qwen3Config(num_hidden_layers=layers or 6, tie_word_embeddings=True,
                           rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **common)
         assert cfg.rope_parameters["rope_theta"] == 1e6, cfg.rope_parameters
         return Qwen3ForCausalLM(cfg)
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
     # the 27B's pattern: 3 DeltaNet layers, then 1 gated-attention layer; more value heads than
     # key heads; a quarter of each attention head rotated; an untied output
+    layers = layers or 4
+    assert layers % 4 == 0, "qwen35: a multiple of 4 layers (3 DeltaNet, 1 attention)"
     cfg = Qwen3_5TextConfig(
-        num_hidden_layers=4, tie_word_embeddings=False,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64,
+        num_hidden_layers=layers, tie_word_embeddings=False,
+        layer_types=(["linear_attention"] * 3 + ["full_attention"]) * (layers // 4),
+        linear_num_key_heads=width // 128, linear_num_value_heads=width // 64,
+        linear_key_head_dim=64,
         linear_value_head_dim=64, linear_conv_kernel_dim=4, partial_rotary_factor=0.25,
         rope_parameters={"rope_type": "default", "rope_theta": 1e7,
                          "partial_rotary_factor": 0.25}, **common)
@@ -113,6 +123,16 @@ def main():
     ap.add_argument("--max-train-bytes", type=int, default=0, help="0: all (a smoke test: less)")
     ap.add_argument("--ids-cache", default="", help="a file for the training ids, reused if there")
     ap.add_argument("--seed", type=int, default=1234)
+    # the shape and the optimizer; the defaults are what the committed models were trained with
+    ap.add_argument("--layers", type=int, default=0, help="0: 6 (qwen3), 4 (qwen35)")
+    ap.add_argument("--width", type=int, default=256, help="hidden size, a multiple of 256")
+    ap.add_argument("--ffn", type=int, default=768, help="FFN size, a multiple of 256")
+    ap.add_argument("--attn-dropout", type=float, default=0.0)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=-1, help="-1: min(100, steps / 10)")
+    ap.add_argument("--min-lr", type=float, default=0.1, help="the cosine's end, x --lr")
+    ap.add_argument("--no-refs", action="store_true",
+                    help="a tuning run: train.json and the checkpoint only, no references")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(a.seed)
@@ -153,22 +173,23 @@ def main():
     n_held_win = (len(held_ids) - 1) // T
     held_x = windows(held, torch.arange(0, n_held_win, max(1, n_held_win // 96))[:96] * T)
 
-    model = make_model(a.arch, n_vocab, T).to(dev)
+    model = make_model(a.arch, n_vocab, T, a.layers, a.width, a.ffn, a.attn_dropout).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
-    warm = min(100, a.steps // 10)
+    warm = min(100, a.steps // 10) if a.warmup < 0 else max(1, a.warmup)
 
     def progress(step):  # 0 .. 1: by steps, or by time if --max-seconds comes first
         return max(step / a.steps, (time.time() - t0) / a.max_seconds)
 
-    def lr_at(step):  # linear warm-up, then a cosine down to a tenth
+    def lr_at(step):  # linear warm-up, then a cosine down to --min-lr (a tenth)
         if step < warm:
             return a.lr * (step + 1) / warm
-        return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress(step)))))
+        cos = 0.5 * (1 + math.cos(math.pi * min(1.0, progress(step))))
+        return a.lr * (a.min_lr + (1 - a.min_lr) * cos)
 
     def loss_of(x):
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -230,6 +251,32 @@ def main():
     model.eval()
     nll_held, n_held = chunk_nll(model, held_ids, 256, dev, torch.float32)
 
+    def write_report():
+        report = {
+            "arch": a.arch, "params": n_params,
+            "config": json.loads(model.config.to_json_string()), "args": vars(a),
+            "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+            "data": {"train_sha256": sha256(train_path), "heldout_sha256": sha256(held_path),
+                     "tokenizer_sha256": sha256(a.tokenizer),
+                     "train_bytes": len(train_text.encode()),
+                     "heldout_bytes": len(held_text.encode()), "train_tokens": len(train_ids),
+                     "heldout_tokens": len(held_ids), "train_windows": len(train_win),
+                     "val_windows": len(val_win)},
+            "train_seconds": round(train_s, 1), "steps_run": step + 1, "best_step": best_step,
+            "tokens_seen": (step + 1) * a.batch * T,
+            "epochs": round((step + 1) * a.batch * T / len(train_ids), 2), "curve": curve,
+            "heldout_ppl_c256_fp32_gpu": math.exp(nll_held), "heldout_scored_tokens": n_held,
+            "total_seconds": round(time.time() - t_start, 1),
+        }
+        with open(os.path.join(a.out, "train.json"), "w") as f:
+            json.dump(report, f, indent=1)
+
+    if a.no_refs:
+        write_report()
+        print(f"{a.arch}: {n_params} parameters, {step + 1} steps in {train_s:.0f} s, best step "
+              f"{best_step}, held-out ppl (-c 256) {math.exp(nll_held):.2f}", flush=True)
+        return
+
     # references in float64 on the CPU
     ref = model.cpu().double()
     sample_text = held_text[:held_text.index("\n\n", 8000) + 2]
@@ -253,23 +300,7 @@ def main():
             ids.append(int(top2.indices[0]))
     greedy = ids[len(prompt_ids):]
 
-    report = {
-        "arch": a.arch, "params": n_params, "config": json.loads(model.config.to_json_string()),
-        "args": vars(a), "torch": torch.__version__,
-        "transformers": __import__("transformers").__version__,
-        "data": {"train_sha256": sha256(train_path), "heldout_sha256": sha256(held_path),
-                 "tokenizer_sha256": sha256(a.tokenizer), "train_bytes": len(train_text.encode()),
-                 "heldout_bytes": len(held_text.encode()), "train_tokens": len(train_ids),
-                 "heldout_tokens": len(held_ids), "train_windows": len(train_win),
-                 "val_windows": len(val_win)},
-        "train_seconds": round(train_s, 1), "steps_run": step + 1, "best_step": best_step,
-        "tokens_seen": (step + 1) * a.batch * T,
-        "epochs": round((step + 1) * a.batch * T / len(train_ids), 2), "curve": curve,
-        "heldout_ppl_c256_fp32_gpu": math.exp(nll_held), "heldout_scored_tokens": n_held,
-        "total_seconds": round(time.time() - t_start, 1),
-    }
-    with open(os.path.join(a.out, "train.json"), "w") as f:
-        json.dump(report, f, indent=1)
+    write_report()
     with open(os.path.join(a.out, "ref.json"), "w") as f:
         json.dump({"greedy_prompt": GREEDY_PROMPT, "greedy_prompt_ids": prompt_ids,
                    "greedy_ids": greedy, "greedy_text": tok.decode(greedy),
