@@ -75,6 +75,44 @@ static int hidden_row(const char *tsv_path, const char *tensor, double *rel, int
     return ok;
 }
 
+// The largest relative error of a tensor and of a token's row per tensor kind (the name without
+// its layer) and path (0: decode or the only one, 1: the batched pass), from a --diff-out file,
+// folded into kinds[0 .. *n_kinds). -1: no row of that kind and path yet.
+typedef struct { char kind[40]; double rel[2], row[2]; } HiddenKind;
+static void hidden_kinds_add(const char *tsv, HiddenKind *kinds, int *n_kinds, int cap) {
+    char *t = read_file(tsv, NULL), *save = NULL;
+    // path, tensor, layer, rel_err, cosine, max_abs_d, max_token, max_channel, growth,
+    // first_token_over, row_rel_err, row_token
+    for (char *line = t ? strtok_r(t, "\n", &save) : NULL; line;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *col[12];
+        int nc = 0;
+        for (char *c = line; nc < 12; c++) {
+            col[nc++] = c;
+            c = strchr(c, '\t');
+            if (!c) break;
+            *c = 0;
+        }
+        if (nc < 12 || !strcmp(col[0], "path")) continue;
+        int path = strstr(col[0], "batched") != NULL;
+        char kind[40];
+        snprintf(kind, sizeof kind, "%s", col[1]);
+        char *dash = strrchr(kind, '-');
+        if (dash && dash[1] >= '0' && dash[1] <= '9') *dash = 0;
+        int k = 0;
+        while (k < *n_kinds && strcmp(kinds[k].kind, kind)) k++;
+        if (k == *n_kinds) {
+            if (k == cap) continue;
+            snprintf(kinds[k].kind, sizeof kinds[k].kind, "%s", kind);
+            kinds[k].rel[0] = kinds[k].rel[1] = kinds[k].row[0] = kinds[k].row[1] = -1;
+            (*n_kinds)++;
+        }
+        kinds[k].rel[path] = worse(kinds[k].rel[path], atof(col[3]));
+        kinds[k].row[path] = worse(kinds[k].row[path], atof(col[10]));
+    }
+    free(t);
+}
+
 static void test_hidden(void) {
     static char q3[512], q35[512], ids[512], out[1 << 17], cmd[3072];
     snprintf(q3, sizeof q3, "%s/trained/qwen3-f16.gguf", DATA);
@@ -137,9 +175,10 @@ static void test_hidden(void) {
             snprintf(ids64, sizeof ids64, "%.*s", n - 1, all ? all : "");
             free(all);
             snprintf(ref, sizeof ref, "%s/trained/hidden-%s", DATA, a ? "qwen35" : "qwen3");
+            unlink(tsv);
             snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-hidden %s --hidden-filter "
-                     "'.*' --diff-max-rel %s %s 2>&1", QWEN, a ? q35 : q3, ids64, ref,
-                     a ? "4e-5" : "1e-5", inject ? "--diff-inject" : "");
+                     "'.*' --diff-max-rel %s %s --diff-out %s 2>&1", QWEN, a ? q35 : q3, ids64,
+                     ref, a ? "4e-5" : "1e-5", inject ? "--diff-inject" : "", tsv);
             rc = run_cmd(cmd, out, sizeof out);
             const char *lg = strstr(out, "largest relative error: ");
             double largest = lg ? atof(lg + 24) : INFINITY;
@@ -156,6 +195,20 @@ static void test_hidden(void) {
             int ok = rc == 0 && rows == want && strstr(out, "result: PASS");
             report(ok && largest <= 1e-5, name, largest, 1e-5);
             if (!ok) printf("     rc=%d rows=%d\n%.3000s\n", rc, rows, out);
+            if (a || inject) continue;
+            // --diff-out's rows by tensor kind (what the GPU check tabulates): 12 kinds, and
+            // their largest errors are the report's, to its 3 digits
+            HiddenKind kinds[32];
+            int n_kinds = 0;
+            hidden_kinds_add(tsv, kinds, &n_kinds, 32);
+            double k_rel = -1, k_row = -1;
+            for (int k = 0; k < n_kinds; k++)
+                k_rel = worse(k_rel, kinds[k].rel[0]), k_row = worse(k_row, kinds[k].row[0]);
+            double row = lr ? atof(lr + 26) : INFINITY;
+            check(n_kinds == 12 && fabs(k_rel - largest) <= 5e-3 * largest &&
+                  fabs(k_row - row) <= 5e-3 * row && kinds[0].rel[1] == -1,
+                  "hidden: --diff-out's rows per tensor kind: 12 kinds, the report's largest "
+                  "errors");
         }
 
     // the planted bugs
@@ -319,8 +372,13 @@ static void test_hidden_gpu(void) {
     if (SKIP_ALL_WITHOUT_GPU(names)) return;
     static char out[1 << 18], cmd[2048];
     const char *dirs[] = {"tiny-qwen2", "tiny-qwen3", "tiny-qwen35", "trained"};
-    int n_files = 0, good = 1;
+    int n_files = 0, good = 1, n_kinds = 0;
     double worst[2] = {0, 0}, worst_row[2] = {0, 0};
+    // per tensor kind (the name without its layer), over every file: the largest relative error
+    // of a tensor and of a token's row, for each path (from --diff-out's rows)
+    HiddenKind kinds[64];
+    char tsv[256];
+    snprintf(tsv, sizeof tsv, "%s/self-diff.tsv", TMP);
     for (int d = 0; d < 4; d++) {
         char dir[512];
         snprintf(dir, sizeof dir, "%s/%s", DATA, dirs[d]);
@@ -329,9 +387,10 @@ static void test_hidden_gpu(void) {
         for (struct dirent *e; (e = readdir(dp)) != NULL;) {
             size_t n = strlen(e->d_name);
             if (n < 5 || strcmp(e->d_name + n - 5, ".gguf")) continue;
+            unlink(tsv);
             snprintf(cmd, sizeof cmd, "%s -m %s/%s --tokens 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,"
                      "16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32 --diff-hidden cpu "
-                     "--hidden-filter '.*' 2>&1", QWEN, dir, e->d_name);
+                     "--hidden-filter '.*' --diff-out %s 2>&1", QWEN, dir, e->d_name, tsv);
             int rc = run_cmd(cmd, out, sizeof out);
             const char *p = out;
             for (int path = 0; path < 2; path++) {
@@ -346,14 +405,23 @@ static void test_hidden_gpu(void) {
                 worst[path] = worse(worst[path], r);
                 worst_row[path] = worse(worst_row[path], row);
             }
-            if (rc != 0) {
-                printf("     %s: rc=%d\n%.2000s\n", e->d_name, rc, out);
+            hidden_kinds_add(tsv, kinds, &n_kinds, 64);
+            if (rc != 0) { // the verdict's lines
+                printf("     %s: rc=%d\n", e->d_name, rc);
+                for (const char *l = out; *l; l += strcspn(l, "\n") + (l[strcspn(l, "\n")] != 0))
+                    if (!strncmp(l, "largest", 7) || !strncmp(l, "first tensor", 12) ||
+                        !strncmp(l, "error", 5) || !strncmp(l, "result", 6))
+                        printf("     %.*s\n", (int)strcspn(l, "\n"), l);
                 good = 0;
             }
             n_files++;
         }
         closedir(dp);
     }
+    for (int k = 0; k < n_kinds; k++) // -1: the path does not write it
+        printf("info gpu hidden, every file, %-24s decode %9.3g (a row %9.3g)  batched %9.3g "
+               "(a row %9.3g)\n", kinds[k].kind, kinds[k].rel[0], kinds[k].row[0],
+               kinds[k].rel[1], kinds[k].row[1]);
     char name[200];
     snprintf(name, sizeof name, "gpu hidden: --diff-hidden cpu on %d files, PASS: decode %.2g "
              "(a row %.2g), batched %.2g (a row %.2g)", n_files, worst[0], worst_row[0], worst[1],
