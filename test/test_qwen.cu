@@ -2556,7 +2556,7 @@ static void test_cli_user3(void) {
         unlink(h);
     }
     // row 5: the model truncated while a run reads it: a one-line error naming it, exit 1
-    if (need_fixture(sample, "cli-user3 5: the model truncated while mapped (the trained sample)")) {
+    if (need_fixture(sample, "cli-user3 5: the model truncated while mapped -> exit 1 naming the file, no SIGBUS")) {
         size_t n = 0;
         char *model = read_file(m, &n), bus[300];
         snprintf(bus, sizeof bus, "%s/bus.gguf", dir);
@@ -2590,7 +2590,7 @@ static void test_cli_user3(void) {
     // row 6: run.sh with flags alone: the default model with those flags (made from the F16 file)
     char tf16[512];
     snprintf(tf16, sizeof tf16, "%s/trained/qwen3-f16.gguf", DATA);
-    if (need_fixture(tf16, "cli-user3 6: run.sh --seed 2 -n 2 (the trained F16 file)")) {
+    if (need_fixture(tf16, "cli-user3 6: run.sh --seed 2 -n 2 -> the tiny trained model with those flags")) {
         char cwd[1024];
         if (getcwd(cwd, sizeof cwd)) {
             snprintf(cmd, sizeof cmd, "cd %s && %s/run.sh --seed 2 -n 2 2>&1", dir, cwd);
@@ -3924,6 +3924,67 @@ static void test_gpu_quantize(void) {
     free_hxq(&want); free_hxq(&got); free_hxq(&other); free_xq(dq); cudaFree(dx); free(x); free(y);
 }
 
+// How far the 16-bit x can move y = W x, per row r of W (n_out rows of n_in, file bytes of `type`):
+// each x_i moves by at most d_i = 1.02 amax(block)/65024 (test_gpu_quantize), so y moves by at
+// most lin[r] = sum |w_i| d_i. The moves are rounding errors, spread evenly over [-d_i, d_i]
+// (variance d_i^2 / 3) and independent, so their sum has a standard deviation of
+// sd[r] = sqrt(sum w_i^2 d_i^2 / 3): a row's sum over 6 sd is a bug, not bad luck, and on long
+// rows that bound is the tighter one. scale[r] = sum |w_i x_i| (+ |bias| + |y0|, given as extra).
+static void xq_bounds(int type, const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
+                      const float *x, const HostXQ *hq, const double *extra, double *scale,
+                      double *lin, double *sd, float *row /* (n_in) scratch */) {
+    for (int64_t r = 0; r < n_out; r++) {
+        dequant_row(type, w + r * rb, row, n_in);
+        double s = extra ? extra[r] : 0, l = 0, v = 0;
+        for (int64_t i = 0; i < n_in; i++) {
+            double d = 1.02 * hq->s[i / 32] * XQ_MAX / 65024, aw = fabs((double)row[i]);
+            s += aw * fabs(x[i]);
+            l += aw * d;
+            v += aw * aw * d * d / 3;
+        }
+        scale[r] = s, lin[r] = l, sd[r] = sqrt(v);
+    }
+}
+
+// The C twins alone (no GPU): matvec_xq_c with the 16-bit x against matvec_c with the fp32 x,
+// within xq_bounds' two bounds (plus 1e-5 of the scale for the fp32 sums), every quantized type
+// and the shapes of the GPU check below.
+static void test_xq_rounding(void) {
+    const int types[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
+                         GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS, GGML_TYPE_Q4_K,
+                         GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    const int shapes[][2] = {{1, 1}, {3, 37}, {8, 129}, {17, 64}, {40, 300}, {300, 9}};
+    double worst_lin = 0, worst_sd = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int type = types[ti];
+            int64_t n_in = (int64_t)shapes[si][0] * TYPE_TRAITS[type].blck, n_out = shapes[si][1];
+            size_t rb = row_bytes(type, n_in);
+            uint8_t *w = (uint8_t *)xmalloc(rb * n_out, "a test");
+            for (int64_t r = 0; r < n_out; r++) random_row(type, w + r * rb, n_in);
+            float *x = (float *)xmalloc(n_in * 4, "a test"), *row = (float *)xmalloc(n_in * 4, "a test");
+            float *yq = (float *)xmalloc(n_out * 4, "a test"), *y = (float *)xmalloc(n_out * 4, "a test");
+            double *sc = (double *)xmalloc(n_out * 3 * sizeof(double), "a test");
+            random_act(x, (int)n_in);
+            HostXQ hq = quantize_host(x, (int)n_in);
+            Tensor W = {"test", type, n_in, n_out, w, rb * n_out, NULL, 0};
+            matvec_xq_c(&W, hq.H, hq.L, hq.s, NULL, yq, 0, row);
+            matvec_c(&W, x, y, NULL, 0, row);
+            xq_bounds(type, w, rb, n_in, n_out, x, &hq, NULL, sc, sc + n_out, sc + 2 * n_out, row);
+            for (int64_t r = 0; r < n_out; r++) {
+                double d = fabs((double)yq[r] - y[r]), f = 1e-5 * sc[r] + 1e-30;
+                worst_lin = worse(worst_lin, d / (sc[n_out + r] + f));
+                worst_sd = worse(worst_sd, d / (6 * sc[2 * n_out + r] + f));
+            }
+            free_hxq(&hq);
+            free(w); free(x); free(row); free(yq); free(y); free(sc);
+        }
+    report(worst_lin <= 1, "matvec_xq_c (16-bit x) vs matvec_c (fp32 x), 10 types: |d| / (the sum "
+           "of |w_i| times x_i's rounding bound)", worst_lin, 1);
+    report(worst_sd <= 1, "matvec_xq_c (16-bit x) vs matvec_c (fp32 x), 10 types: |d| / (6 sd of "
+           "the roundings' sum)", worst_sd, 1);
+}
+
 // the fast mat-vec kernel under test, for the check names
 #define MV_TAG(fast) (!(fast) ? "" : g_mv_mode == MV_STREAM ? " (streaming)" : " (per-block)")
 static void test_gpu_matvec(void) {
@@ -3936,19 +3997,19 @@ static void test_gpu_matvec(void) {
     cudaStream_t st = 0;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         int type = types[ti], fast = is_fast_type(type);
-        double worst = 0, worst_exact = 0;
+        double worst = 0, worst_exact = 0, worst_sd = 0;
         int repack_ok = 1;
-        char name[160], name2[160], name3[160];
+        char name[160], name2[160], name3[160], name4[160];
         snprintf(name, sizeof name, "gpu mat-vec %s%s vs %s (6 shapes, bias, accumulate): |d|/sum|wx|", type_name(type), MV_TAG(fast),
                  fast ? "matvec_xq_c" : "matvec_c");
         if (!fast && g_mv_mode == MV_BLOCKS) continue; // one kernel for the other types
         snprintf(name2, sizeof name2, "gpu repack_kernel %s%s vs repack_c: bit-identical planes", type_name(type), MV_TAG(fast));
-        // the 16-bit x moves each x_i by at most 1.02 amax(block)/65024 (test_gpu_quantize), so y
-        // moves by at most the sum of |w_i| times that, plus the fp32 rounding of both products
-        snprintf(name3, sizeof name3, "gpu mat-vec %s%s with 16-bit x vs exact fp32 x: |d| / bound", type_name(type), MV_TAG(fast));
+        // against the fp32 x: within xq_bounds' two bounds (plus 1e-5 of the scale for the sums)
+        snprintf(name3, sizeof name3, "gpu mat-vec %s%s with 16-bit x vs exact fp32 x: |d| / (sum |w_i| x_i's bound)", type_name(type), MV_TAG(fast));
+        snprintf(name4, sizeof name4, "gpu mat-vec %s%s with 16-bit x vs exact fp32 x: |d| / (6 sd of the sum)", type_name(type), MV_TAG(fast));
         if (!HAVE_GPU) {
             skip(name, "no GPU");
-            if (fast) { skip(name2, "no GPU"); skip(name3, "no GPU"); }
+            if (fast) { skip(name2, "no GPU"); skip(name3, "no GPU"); skip(name4, "no GPU"); }
             continue;
         }
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -3964,7 +4025,8 @@ static void test_gpu_matvec(void) {
             float *y0 = (float *)xmalloc(n_out * 4, "a test"), *y_ref = (float *)xmalloc(n_out * 4, "a test"), *y = (float *)xmalloc(n_out * 4, "a test");
             float *y_exact = (float *)xmalloc(n_out * 4, "a test");
             double *scale = (double *)xmalloc(n_out * sizeof(double), "a test");
-            double *bound = (double *)xmalloc(n_out * sizeof(double), "a test");
+            double *lin = (double *)xmalloc(n_out * 2 * sizeof(double), "a test"), *sd = lin + n_out;
+            double *xscale = (double *)xmalloc(n_out * sizeof(double), "a test");
             float *row = (float *)xmalloc(n_in * 4, "a test");
             random_act(x, (int)n_in);
             for (int64_t i = 0; i < n_out; i++) { bias[i] = nrand(); y0[i] = nrand(); }
@@ -3988,31 +4050,31 @@ static void test_gpu_matvec(void) {
                 for (int64_t r = 0; r < n_out; r++) { // error scale: sum |w_i x_i| (+ |bias| + |y0|)
                     dequant_row(type, w + r * rb, row, n_in);
                     double s = fabs(bias[r]) + (accumulate ? fabs(y0[r]) : 0);
-                    double rounding = 0; // the sum of |w_i| times x_i's rounding bound
-                    for (int64_t i = 0; i < n_in; i++) {
-                        s += fabs((double)row[i] * x[i]);
-                        if (fast) rounding += fabs((double)row[i]) * 1.02 * hq.s[i / 32] * XQ_MAX / 65024;
-                    }
+                    for (int64_t i = 0; i < n_in; i++) s += fabs((double)row[i] * x[i]);
                     scale[r] = s;
-                    bound[r] = rounding + 1e-5 * s;
                 }
+                if (fast) xq_bounds(type, w, rb, n_in, n_out, x, &hq, NULL, xscale, lin, sd, row);
                 CUDA_CHECK(cudaMemcpy(dy, y0, n_out * 4, cudaMemcpyHostToDevice));
                 matvec(&W, &act, dy, db, accumulate, st);
                 CUDA_CHECK(cudaMemcpy(y, dy, n_out * 4, cudaMemcpyDeviceToHost));
                 worst = worse(worst, max_rel_err(y, y_ref, scale, (int)n_out));
                 if (fast)
-                    for (int64_t r = 0; r < n_out; r++)
-                        worst_exact = worse(worst_exact, fabs((double)y[r] - y_exact[r]) / (bound[r] + 1e-30));
+                    for (int64_t r = 0; r < n_out; r++) {
+                        double d = fabs((double)y[r] - y_exact[r]), f = 1e-5 * scale[r] + 1e-30;
+                        worst_exact = worse(worst_exact, d / (lin[r] + f));
+                        worst_sd = worse(worst_sd, d / (6 * sd[r] + f));
+                    }
             }
             cudaFree(W.dev); cudaFree(act.f); cudaFree(dy); cudaFree(db);
             if (fast) { free_xq(act.q); free_hxq(&hq); }
-            free(w); free(x); free(bias); free(y0); free(y_ref); free(y); free(y_exact); free(scale); free(bound);
+            free(w); free(x); free(bias); free(y0); free(y_ref); free(y); free(y_exact); free(scale); free(lin); free(xscale);
             free(row);
         }
         report(worst <= 1e-5, name, worst, 1e-5);
         if (fast) {
             check(repack_ok, name2);
             report(worst_exact <= 1.0, name3, worst_exact, 1.0);
+            report(worst_sd <= 1.0, name4, worst_sd, 1.0);
         }
     }
 }
@@ -4628,7 +4690,7 @@ static void test_gpu_matmul(void) {
         snprintf(name2, sizeof name2, "gpu prefill product %s vs fp32 operands%s: |d|/sum|wx|", type_name(type),
                  is_float_weight(type) ? "" : " (fp16 rounding)");
         if (!HAVE_GPU) { skip(name, "no GPU"); skip(name2, "no GPU"); continue; }
-        double worst = 0, worst_exact = 0;
+        double worst = 0, worst_exact = 0, worst_sd = 0;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int blk = TYPE_TRAITS[type].blck == 1 ? 32 : TYPE_TRAITS[type].blck;
             int T = shapes[si][0], n_in = shapes[si][1] * blk, n_out = shapes[si][2];
@@ -4948,6 +5010,7 @@ int main(int argc, char **argv) {
     test_dequantizers();
     test_dequant_spec();
     test_quantizers();
+    test_xq_rounding();
     test_iq4_planes();
     test_step_order();
     test_att_cut();

@@ -20,6 +20,7 @@ common=(--corpus "$work/corpus" --tokenizer "$pack/tokenizer.json" --ids-cache "
 # the training text's ids, once: every run then reads the cache
 python3 "$here/train_tiny.py" --arch qwen3 --out "$work/ids-run" --steps 1 "${common[@]}" \
     > "$out/sweep-ids.log" 2>&1 || { tail -20 "$out/sweep-ids.log"; exit 1; }
+runs=${runs//$'\n'/ } # one line: read stops at a newline
 IFS=';' read -ra specs <<< "$runs"
 names=()
 pids=()

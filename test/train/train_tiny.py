@@ -5,11 +5,13 @@
         --tokenizer .train/tokenizer.json --out .train/out/qwen3
 
 The model is transformers' own class (Qwen3ForCausalLM, Qwen3_5ForCausalLM): the reference
-definition of the math. --layers, --width and --ffn choose its shape, --weight-decay, --warmup,
---min-lr and --attn-dropout the optimizer's schedule; the defaults are the committed models'.
---no-refs (tuning runs, test/train/gpu_sweep.sh) stops after train.json and the checkpoint. Training: AdamW, bf16 autocast, 512-token windows drawn at random from the
-training text; a validation set cut from the training text (every 50th window) picks the best
-checkpoint, so the held-out text decides nothing and measures only. Seeded.
+definition of the math. --layers, --width and --ffn choose its shape; --weight-decay, --warmup
+and --min-lr the optimizer and its schedule; --attn-dropout the attention's dropout. The defaults
+are the committed models'.
+--no-refs (tuning runs, test/train/gpu_sweep.sh) stops after train.json and the checkpoint.
+Training: AdamW, bf16 autocast, 512-token windows drawn at random from the training text; a
+validation set cut from the training text (every 50th window) picks the best checkpoint, so the
+held-out text decides nothing and measures only. Seeded.
 
 Writes into --out:
   config.json, model.safetensors  the checkpoint. Every 2-D weight is rounded to f16, as the F16 GGUF
