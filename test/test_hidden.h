@@ -113,20 +113,30 @@ static void hidden_kinds_add(const char *tsv, HiddenKind *kinds, int *n_kinds, i
     free(t);
 }
 
+// The held-out sample's first n ids, "1,2,3" (ids: cap bytes); 0 when its file cannot be read.
+static int sample_ids(int n, char *ids, size_t cap) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/trained/sample-ids.txt", DATA);
+    char *all = read_file(path, NULL);
+    if (!all) return 0;
+    int k = 0, commas = 0;
+    for (; all[k] && commas < n && k < (int)cap - 1; k++) commas += all[k] == ',';
+    snprintf(ids, cap, "%.*s", k - 1, all);
+    free(all);
+    return 1;
+}
+
 static void test_hidden(void) {
     static char q3[512], q35[512], ids[512], out[1 << 17], cmd[3072];
     snprintf(q3, sizeof q3, "%s/trained/qwen3-f16.gguf", DATA);
     snprintf(q35, sizeof q35, "%s/trained/qwen35-f16.gguf", DATA);
     if (!need_fixture(q3, "hidden: the trained models") || !need_fixture(q35, "hidden")) return;
-    // the held-out sample's first 16 tokens
-    char path[600];
-    snprintf(path, sizeof path, "%s/trained/sample-ids.txt", DATA);
-    char *all = read_file(path, NULL);
-    if (!all) { check(0, "hidden: the sample's ids"); return; }
-    int k = 0, commas = 0;
-    for (; all[k] && commas < 16 && k < (int)sizeof ids - 1; k++) commas += all[k] == ',';
-    snprintf(ids, sizeof ids, "%.*s", k - 1, all);
-    free(all);
+    // the held-out sample's first 16 tokens, and its first 64 (against transformers)
+    char path[600], ids64[2048];
+    if (!sample_ids(16, ids, sizeof ids) || !sample_ids(64, ids64, sizeof ids64)) {
+        check(0, "hidden: the sample's ids");
+        return;
+    }
     char d3[256], d35[256], bad[256], tsv[256];
     snprintf(d3, sizeof d3, "%s/hidden-q3", TMP);
     snprintf(d35, sizeof d35, "%s/hidden-q35", TMP);
@@ -165,14 +175,6 @@ static void test_hidden(void) {
     // is x * rsqrt(sum x^2 + eps), the GGUF one x / max(|x|, eps), which differ by eps / (2 sum
     // x^2), 1.6e-5 where sum x^2 is smallest (0.0315, q of token 0 in layer 0); the delta rule's
     // output at token 0 is v (k . q), which takes both q's and k's share.
-    char ids64[2048];
-    snprintf(path, sizeof path, "%s/trained/sample-ids.txt", DATA);
-    all = read_file(path, NULL);
-    int n64 = 0;
-    for (int c = 0; all && all[n64] && c < 64 && n64 < (int)sizeof ids64 - 1; n64++)
-        c += all[n64] == ',';
-    snprintf(ids64, sizeof ids64, "%.*s", n64 - 1, all ? all : "");
-    free(all);
     for (int a = 0; a < 2; a++)
         for (int inject = 0; inject < 2; inject++) {
             char ref[512], man[600];

@@ -3929,20 +3929,21 @@ static void test_gpu_quantize(void) {
 // most lin[r] = sum |w_i| d_i. The moves are rounding errors, spread evenly over [-d_i, d_i]
 // (variance d_i^2 / 3) and independent, so their sum has a standard deviation of
 // sd[r] = sqrt(sum w_i^2 d_i^2 / 3): a row's sum over 6 sd is a bug, not bad luck, and on long
-// rows that bound is the tighter one. scale[r] = sum |w_i x_i| (+ |bias| + |y0|, given as extra).
+// rows that bound is the tighter one. scale (or NULL) gets each row's sum |w_i x_i|.
 static void xq_bounds(int type, const uint8_t *w, size_t rb, int64_t n_in, int64_t n_out,
-                      const float *x, const HostXQ *hq, const double *extra, double *scale,
-                      double *lin, double *sd, float *row /* (n_in) scratch */) {
+                      const float *x, const HostXQ *hq, double *scale, double *lin, double *sd,
+                      float *row /* (n_in) scratch */) {
     for (int64_t r = 0; r < n_out; r++) {
         dequant_row(type, w + r * rb, row, n_in);
-        double s = extra ? extra[r] : 0, l = 0, v = 0;
+        double s = 0, l = 0, v = 0;
         for (int64_t i = 0; i < n_in; i++) {
             double d = 1.02 * hq->s[i / 32] * XQ_MAX / 65024, aw = fabs((double)row[i]);
             s += aw * fabs(x[i]);
             l += aw * d;
             v += aw * aw * d * d / 3;
         }
-        scale[r] = s, lin[r] = l, sd[r] = sqrt(v);
+        if (scale) scale[r] = s;
+        lin[r] = l, sd[r] = sqrt(v);
     }
 }
 
@@ -3970,7 +3971,7 @@ static void test_xq_rounding(void) {
             Tensor W = {"test", type, n_in, n_out, w, rb * n_out, NULL, 0};
             matvec_xq_c(&W, hq.H, hq.L, hq.s, NULL, yq, 0, row);
             matvec_c(&W, x, y, NULL, 0, row);
-            xq_bounds(type, w, rb, n_in, n_out, x, &hq, NULL, sc, sc + n_out, sc + 2 * n_out, row);
+            xq_bounds(type, w, rb, n_in, n_out, x, &hq, sc, sc + n_out, sc + 2 * n_out, row);
             for (int64_t r = 0; r < n_out; r++) {
                 double d = fabs((double)yq[r] - y[r]), f = 1e-5 * sc[r] + 1e-30;
                 worst_lin = worse(worst_lin, d / (sc[n_out + r] + f));
@@ -4026,7 +4027,6 @@ static void test_gpu_matvec(void) {
             float *y_exact = (float *)xmalloc(n_out * 4, "a test");
             double *scale = (double *)xmalloc(n_out * sizeof(double), "a test");
             double *lin = (double *)xmalloc(n_out * 2 * sizeof(double), "a test"), *sd = lin + n_out;
-            double *xscale = (double *)xmalloc(n_out * sizeof(double), "a test");
             float *row = (float *)xmalloc(n_in * 4, "a test");
             random_act(x, (int)n_in);
             for (int64_t i = 0; i < n_out; i++) { bias[i] = nrand(); y0[i] = nrand(); }
@@ -4035,7 +4035,11 @@ static void test_gpu_matvec(void) {
             Act act;
             memset(&act, 0, sizeof act);
             act.f = (float *)dcopy(x, n_in * 4);
-            if (fast) { hq = quantize_host(x, (int)n_in); act.q = upload_xq(&hq); }
+            if (fast) {
+                hq = quantize_host(x, (int)n_in);
+                act.q = upload_xq(&hq);
+                xq_bounds(type, w, rb, n_in, n_out, x, &hq, NULL, lin, sd, row);
+            }
             Tensor W = {"test", type, n_in, n_out, w, rb * n_out, NULL, 0};
             repack_ok &= upload_like_engine(&W);
             float *dy, *db = (float *)dcopy(bias, n_out * 4);
@@ -4053,7 +4057,6 @@ static void test_gpu_matvec(void) {
                     for (int64_t i = 0; i < n_in; i++) s += fabs((double)row[i] * x[i]);
                     scale[r] = s;
                 }
-                if (fast) xq_bounds(type, w, rb, n_in, n_out, x, &hq, NULL, xscale, lin, sd, row);
                 CUDA_CHECK(cudaMemcpy(dy, y0, n_out * 4, cudaMemcpyHostToDevice));
                 matvec(&W, &act, dy, db, accumulate, st);
                 CUDA_CHECK(cudaMemcpy(y, dy, n_out * 4, cudaMemcpyDeviceToHost));
@@ -4067,7 +4070,7 @@ static void test_gpu_matvec(void) {
             }
             cudaFree(W.dev); cudaFree(act.f); cudaFree(dy); cudaFree(db);
             if (fast) { free_xq(act.q); free_hxq(&hq); }
-            free(w); free(x); free(bias); free(y0); free(y_ref); free(y); free(y_exact); free(scale); free(lin); free(xscale);
+            free(w); free(x); free(bias); free(y0); free(y_ref); free(y); free(y_exact); free(scale); free(lin);
             free(row);
         }
         report(worst <= 1e-5, name, worst, 1e-5);
@@ -4690,7 +4693,7 @@ static void test_gpu_matmul(void) {
         snprintf(name2, sizeof name2, "gpu prefill product %s vs fp32 operands%s: |d|/sum|wx|", type_name(type),
                  is_float_weight(type) ? "" : " (fp16 rounding)");
         if (!HAVE_GPU) { skip(name, "no GPU"); skip(name2, "no GPU"); continue; }
-        double worst = 0, worst_exact = 0, worst_sd = 0;
+        double worst = 0, worst_exact = 0;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             int blk = TYPE_TRAITS[type].blck == 1 ? 32 : TYPE_TRAITS[type].blck;
             int T = shapes[si][0], n_in = shapes[si][1] * blk, n_out = shapes[si][2];
