@@ -124,13 +124,13 @@ $(filter %-iq4_xs.gguf,$(TRAINED_Q)): %-iq4_xs.gguf: %-f16.gguf test/quantize$(S
 
 # the floor of a decode token's chain of steps with ideal kernels (GPU only): test/step_floor [shape]
 test/step_floor: test/step_floor.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h .build-flags
-	$(NVCC_RUN) $(NVFLAGS) -o $@ test/step_floor.cu
+	$(NVCC_RUN) $(NVFLAGS) -o $@ test/step_floor.cu $(LDLIBS)
 
 # the measurements behind the engine's choices (GPU only): per-kernel tables, mat-vec kinds, size
 # sweeps. make bench builds test/bench; make bench MODEL=model.gguf also runs it
 test/bench$(SUFFIX): test/bench.cu test/graph_ms.h qwen.cu tokenizer.c unicode_tables.h \
 		.build-flags$(SUFFIX)
-	$(NVCC_RUN) $(NVFLAGS) -o $@ test/bench.cu
+	$(NVCC_RUN) $(NVFLAGS) -o $@ test/bench.cu $(LDLIBS)
 bench: test/bench$(SUFFIX)
 	@if [ -n "$(MODEL)" ]; then ./test/bench$(SUFFIX) -m $(MODEL); fi
 

@@ -1,6 +1,6 @@
 // bench.cu — the measurements behind qwen.cu's choices, on a GPU (make bench; not part of make test).
 //
-//   test/bench -m model.gguf [-c N]
+//   test/bench -m model.gguf [-c N] [-s]
 //
 // It includes qwen.cu and runs, on the same uploaded model:
 //   1. qwen --bench's decode table (contexts 128 and 2048) against the copy bandwidth;
@@ -11,7 +11,9 @@
 //   5. the mat-vecs alone, per kind (gate/up, down, DeltaNet projections, ...): GB/s and % of copy;
 //   6. the launches between the mat-vecs alone, per kind (RMSNorm, the DeltaNet token kernels);
 //   7. each fast type's mat-vec against its size, with a straight-line fit t = t0 + bytes / B;
-//   8. qwen --bench's pp512, and per kernel, one 512-token batched pass.
+//   8. qwen --bench's pp512, and per kernel, one 512-token batched pass;
+//   9. each kind of mat-vec launch under every block shape of the two fast kernels (-s: this
+//      table and the decode table only).
 // The tables of 4 and 8 take their launches from a capture of the engine's own enqueue functions
 // (forward_gpu_enqueue, forward_gpu_batch_enqueue), so they time exactly what the engine runs.
 #define TESTING
@@ -339,6 +341,175 @@ static void bench_matvec_sizes(const Model *m, GpuState *s, int type, double cop
     cudaFree(y);
 }
 
+// Every block shape the two fast kernels offer, per kind of mat-vec launch (the kinds of the
+// table above: attn_qkv, attn_output, ffn_gate_up, ffn_down, gdn_proj, gdn_out, output), each over
+// all its layers in one graph with the model's own weights, as bench_matvecs times the engine's
+// choice. The weights' bytes are read as they lie: a variant whose order of the planes differs
+// from the upload's reads other values (wrong sums, same bytes and the same pattern of addresses),
+// which is all a timing needs. Variants:
+//   engine        what the engine launches (matvec, matvec_batch)
+//   blk R=4 LF    per-block kernel, 4 rows a block, loads first (one launch per matrix)
+//   blk R=8       per-block kernel, 8 rows, no barrier
+//   blk R=8 LF    per-block kernel, 8 rows, loads first
+//   blk batch     the per-block batch kernel (one launch for all the matrices, 8 rows LF)
+//   str T rows    streaming kernel, T threads a block, planes row by row
+//   str T step    streaming kernel, T threads a block, planes in that launch's step order
+// The mixed launches take the MIX_FOUR / MIX_ALL kernels at 256 and 512 threads, as the engine
+// can; a launch whose rows are not whole chunks has no step order.
+typedef struct {
+    int n;
+    const Tensor *W[BATCH_MAX];
+    float *y[BATCH_MAX];
+} ShapeLaunch;
+
+// The kind's launch for layer l (n = 0: none in this layer).
+static ShapeLaunch shape_launch(const Model *m, GpuState *s, int kind, int l) {
+    ShapeLaunch a;
+    memset(&a, 0, sizeof a);
+    const LayerWeights *L = &m->w.layers[l];
+    int gdn = m->c.kind[l] == LAYER_DELTANET;
+    float *q = m->c.arch == ARCH_QWEN35 ? s->qg : s->q;
+    if (kind == 0 && !gdn) a = (ShapeLaunch){3, {&L->wq, &L->wk, &L->wv}, {q, s->k, s->v}};
+    if (kind == 1 && !gdn) a = (ShapeLaunch){1, {&L->wo}, {s->hb2}};
+    if (kind == 2) a = (ShapeLaunch){2, {&L->w_gate, &L->w_up}, {s->hb.f, s->hb2}};
+    if (kind == 3) a = (ShapeLaunch){1, {&L->w_down}, {s->hb2}};
+    if (kind == 4 && gdn)
+        a = (ShapeLaunch){4, {&L->wqkv, &L->wz, &L->w_beta, &L->w_alpha},
+                          {s->gdn_mixed, s->gdn_z, s->gdn_beta, s->gdn_alpha}};
+    if (kind == 5 && gdn) a = (ShapeLaunch){1, {&L->ssm_out}, {s->hb2}};
+    if (kind == 6 && l == 0) a = (ShapeLaunch){1, {&m->w.output}, {s->logits}};
+    for (int i = 0; i < a.n; i++)
+        if (!a.W[i]->planes) a.n = 0; // float weights: not the fast kernels
+    return a;
+}
+
+// Launch one variant (v, the list above) of launch a; returns 0 where the variant does not apply.
+static int shape_variant(const ShapeLaunch &a, int v, const Act *in, cudaStream_t st) {
+    int n_in = (int)a.W[0]->n_in, n_sub = n_in / 32;
+    const XQ &xq = in->q;
+    if (v == 0) { // the engine
+        const float *nob[BATCH_MAX] = {NULL, NULL, NULL, NULL};
+        if (a.n == 1) matvec(a.W[0], in, a.y[0], NULL, 0, st);
+        else matvec_batch(a.n, a.W, nob, a.y, in, st);
+        return 1;
+    }
+    if (v <= 3) { // per-block, one launch per matrix
+        for (int i = 0; i < a.n; i++) {
+            const uint8_t *w = (const uint8_t *)a.W[i]->dev;
+            int n_out = (int)a.W[i]->n_out, R = v == 1 ? 4 : 8, threads = fast_threads(n_sub);
+            int blocks = (n_out + R - 1) / R;
+#define BLK(T)                                                                                     \
+    if (v == 1) matvec_fast_kernel<T, 4, true><<<blocks, threads, 0, st>>>(w, xq, NULL, a.y[i],    \
+                                                                           n_sub, n_out, 0);       \
+    else if (v == 2) matvec_fast_kernel<T, 8, false><<<blocks, threads, 0, st>>>(                  \
+        w, xq, NULL, a.y[i], n_sub, n_out, 0);                                                     \
+    else matvec_fast_kernel<T, 8, true><<<blocks, threads, 0, st>>>(w, xq, NULL, a.y[i], n_sub,    \
+                                                                    n_out, 0)
+            FAST_TYPE_SWITCH(a.W[i]->type, BLK)
+#undef BLK
+            KERNEL_CHECK();
+        }
+        return 1;
+    }
+    if (v == 4) { // the per-block batch kernel
+        if (a.n == 1) return 0;
+        Tensor t[BATCH_MAX];
+        const Tensor *W[BATCH_MAX];
+        const float *nob[BATCH_MAX] = {NULL, NULL, NULL, NULL};
+        for (int i = 0; i < a.n; i++) {
+            t[i] = *a.W[i];
+            t[i].so.upw = 0; // the batch kernel refuses planes in step order
+            W[i] = &t[i];
+        }
+        matvec_blocks_batch(a.n, W, nob, a.y, xq, st);
+        return 1;
+    }
+    // streaming: v = 5.. : threads {256, 512, 640} x {rows, step}
+    int threads = v <= 6 ? 256 : v <= 8 ? 512 : 640, step = (v - 5) % 2;
+    MvPlan p;
+    memset(&p, 0, sizeof p);
+    for (int i = 0; i < a.n; i++) {
+        Tensor t = *a.W[i];
+        t.so.upw = 0;
+        mv_plan_add(&p, &t, NULL, a.y[i]);
+        if (step && (n_in % (32 * WARP) != 0 || t.n_out % MV_ROWS != 0)) return 0;
+    }
+    int type = mv_plan_type(&p), total = p.first_unit[p.n];
+    if (type >= 0 && threads == 512) return 0;        // single types: 256 or 640
+    if (type < 0 && (threads == 640 || (step && threads == 512))) return 0; // mixes: as built
+    int per_sm = (threads > MV_SM_THREADS ? threads : MV_SM_THREADS) / WARP;
+    int warps = mv_grid_warps() / (MV_SM_THREADS / WARP) * per_sm;
+    p.upw = (total + warps - 1) / warps;
+    if (step)
+        for (int i = 0; i < p.n; i++)
+            p.so[i] = StepOrder{p.upw, p.first_unit[i], p.first_unit[i + 1] - p.first_unit[i]};
+    int used = (total + p.upw - 1) / p.upw, blocks = (used + threads / WARP - 1) / (threads / WARP);
+#define STR(T, STEP, TH) matvec_stream_kernel<T, STEP, TH><<<blocks, TH, 0, st>>>(p, xq, n_sub)
+#define ONE(T)                                                                                     \
+    if (threads == 640 && step) STR(T, true, 640);                                                 \
+    else if (threads == 640) STR(T, false, 640);                                                   \
+    else if (step) STR(T, true, 256);                                                              \
+    else STR(T, false, 256)
+#define MIX(X)                                                                                     \
+    if (step) STR(X, true, 256);                                                                   \
+    else if (threads == 512) STR(X, false, 512);                                                   \
+    else STR(X, false, 256)
+    if (type >= 0) FAST_TYPE_SWITCH(type, ONE)
+    else if (type == MIX_FOUR) { MIX(MIX_FOUR); }
+    else { MIX(MIX_ALL); }
+#undef MIX
+#undef ONE
+#undef STR
+    KERNEL_CHECK();
+    return 1;
+}
+
+static void bench_shapes(const Model *m, GpuState *s, double copy_bw) {
+    const char *kinds[] = {"attn_qkv", "attn_output", "ffn_gate_up", "ffn_down", "gdn_proj",
+                           "gdn_out", "output"};
+    const char *vnames[] = {"engine", "blk R=4 LF", "blk R=8", "blk R=8 LF", "blk batch",
+                            "str 256 rows", "str 256 step", "str 512 rows", "str 512 step",
+                            "str 640 rows", "str 640 step"};
+    const Act *ins[7] = {&s->xb, &s->att_out, &s->xb, &s->hb, &s->xb, &s->gdn_out, &s->xb};
+    cudaStream_t st = s->stream;
+    printf("\nmat-vecs under every block shape, each kind over all its layers in one graph:\n");
+    printf("  %-12s %-14s %6s %9s %7s  %s\n", "kind", "variant", "calls", "us/call", "% copy",
+           "types");
+    for (int k = 0; k < 7; k++) {
+        char types[64] = "";
+        double bytes = 0;
+        int layers = 0;
+        for (int l = 0; l < m->c.n_layer; l++) {
+            ShapeLaunch a = shape_launch(m, s, k, l);
+            if (!a.n) continue;
+            layers++;
+            for (int i = 0; i < a.n; i++) bytes += a.W[i]->nbytes;
+            if (!types[0])
+                for (int i = 0; i < a.n; i++)
+                    snprintf(types + strlen(types), sizeof types - strlen(types), "%s%s",
+                             i ? "," : "", type_name(a.W[i]->type));
+        }
+        if (!layers) continue;
+        for (int v = 0; v < 11; v++) {
+            int ok = 1;
+            cudaGraph_t graph;
+            CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+            for (int l = 0; l < m->c.n_layer && ok; l++) {
+                ShapeLaunch a = shape_launch(m, s, k, l);
+                if (a.n) ok = shape_variant(a, v, ins[k], st);
+            }
+            CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+            if (!ok) {
+                CUDA_CHECK(cudaGraphDestroy(graph));
+                continue;
+            }
+            double t = graph_ms(graph, 5, st) * 1e-3 / layers;
+            printf("  %-12s %-14s %6d %9.1f %6.1f%%  %s\n", kinds[k], vnames[v], layers, t * 1e6,
+                   100.0 * bytes / layers / t / copy_bw, v == 0 ? types : "");
+        }
+    }
+}
+
 // The attention alone: every attention layer's launch in one graph, at contexts 128 and 2048
 // (what the context adds to a token beyond its KV bytes is here).
 static void bench_attention(const Model *m, GpuState *s) {
@@ -373,13 +544,14 @@ static void bench_attention(const Model *m, GpuState *s) {
 int main(int argc, char **argv) {
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     const char *path = NULL;
-    int n_ctx = 4096;
+    int n_ctx = 4096, shapes_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) path = argv[++i];
         else if (!strcmp(argv[i], "-c") && i + 1 < argc) n_ctx = arg_int("-c", argv[++i]);
-        else die("usage: test/bench -m model.gguf [-c N]");
+        else if (!strcmp(argv[i], "-s")) shapes_only = 1;
+        else die("usage: test/bench -m model.gguf [-c N] [-s]");
     }
-    if (!path) die("usage: test/bench -m model.gguf [-c N]");
+    if (!path) die("usage: test/bench -m model.gguf [-c N] [-s]");
     if (!gpu_available()) die("test/bench needs a CUDA GPU");
     Model m;
     memset(&m, 0, sizeof m);
@@ -388,6 +560,12 @@ int main(int argc, char **argv) {
     GpuState s;
     double copy_bw = bench_setup(&m, n_ctx < 2049 ? 2049 : n_ctx, &s); // decode at 2048 keys
     bench_decode(&m, &s, copy_bw);
+    if (shapes_only) {
+        bench_shapes(&m, &s, copy_bw);
+        gpu_state_free(&s);
+        gguf_close(&m.gguf);
+        return 0;
+    }
     bench_read_stream(copy_bw);
     bench_attention(&m, &s);
 
@@ -402,6 +580,7 @@ int main(int argc, char **argv) {
 
     bench_matvecs(&m, &s, copy_bw);
     bench_small_kernels(&m, &s);
+    bench_shapes(&m, &s, copy_bw);
     const LayerWeights *L0 = &m.w.layers[0]; // each fast type of layer 0 and of the output matrix
     int types[5] = {L0->w_gate.type, L0->w_down.type, m.w.output.type,
                     L0->wqkv.name ? L0->wqkv.type : L0->wq.type, L0->wv.name ? L0->wv.type : -1};

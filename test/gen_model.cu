@@ -10,6 +10,11 @@
 //   q4_0:   every 2-D weight Q4_0, output.weight Q6_K
 //   iq4_xs: every 2-D weight IQ4_XS, output.weight Q6_K, attn_v Q5_K when n_head/n_head_kv >= 4,
 //           DeltaNet attn_qkv Q5_K, ffn_down Q5_K in layers < n_layer/8
+//   iq4_nl: as iq4_xs, with IQ4_NL in place of IQ4_XS
+//   q8_0:   every 2-D weight Q8_0, output.weight too
+//   q4_k_m: every 2-D weight Q4_K, output.weight Q6_K, attn_v and ffn_down Q6_K in the layers that
+//           llama-quantize gives more bits (the first and last eighth, and every third between),
+//           DeltaNet attn_qkv Q5_K
 // 1-D tensors, norms and ssm_conv1d stay F32. The files carry everything llama.cpp's loader reads,
 // so the same file can be timed in both engines.
 //
@@ -102,6 +107,16 @@ static void fill_blocks(int type, uint8_t *dst, size_t n_blocks, uint64_t seed, 
         if (type == GGML_TYPE_Q4_0) {            // d * (q - 8), q uniform: std 4.6 d
             uint16_t d = to_fp16(std / 4.6f * jitter);
             memcpy(blk, &d, 2);
+        } else if (type == GGML_TYPE_Q8_0) {     // d * q, q uniform in [-128, 127]: std 73.9 d
+            uint16_t d = to_fp16(std / 73.9f * jitter);
+            memcpy(blk, &d, 2);
+        } else if (type == GGML_TYPE_IQ4_NL) {   // d * kv: std(kv) ~ 70
+            uint16_t d = to_fp16(std / 70.0f * jitter);
+            memcpy(blk, &d, 2);
+        } else if (type == GGML_TYPE_Q4_K) {     // d * sc * q4 - dmin * m, sc and m ~ 31, std(q4) 4.6
+            uint16_t d = to_fp16(std / (31.0f * 4.6f) * jitter), dmin = to_fp16(std / (31.0f * 4.6f) * 7.5f * jitter);
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &dmin, 2);
         } else if (type == GGML_TYPE_IQ4_XS) {   // d * (ls - 32) * kv: |ls - 32| ~ 16, std(kv) ~ 70
             uint16_t d = to_fp16(std / (18.0f * 70.0f) * jitter);
             memcpy(blk, &d, 2);
@@ -188,9 +203,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) vocab_path = argv[++i];
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) base_seed = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else die("usage: gen_model --model NAME --ftype q4_0|iq4_xs -o OUT.gguf [--layers N] [--vocab VOCAB.gguf] [--seed S]");
+        else die("usage: gen_model --model NAME --ftype q4_0|iq4_xs|iq4_nl|q8_0|q4_k_m -o OUT.gguf [--layers N] [--vocab VOCAB.gguf] [--seed S]");
     }
-    if (!model || !out) die("usage: gen_model --model NAME --ftype q4_0|iq4_xs -o OUT.gguf [--layers N] [--vocab VOCAB.gguf]");
+    if (!model || !out) die("usage: gen_model --model NAME --ftype q4_0|iq4_xs|iq4_nl|q8_0|q4_k_m -o OUT.gguf [--layers N] [--vocab VOCAB.gguf]");
     const Preset *P = NULL;
     for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++)
         if (!strcmp(PRESETS[i].name, model)) P = &PRESETS[i];
@@ -200,13 +215,21 @@ int main(int argc, char **argv) {
         fprintf(stderr, "\n");
         die("unknown model '%s'", model);
     }
-    int is_iq4 = !strcmp(ftype_s, "iq4_xs"), is_q40 = !strcmp(ftype_s, "q4_0");
-    if (!is_iq4 && !is_q40) die("--ftype must be q4_0 or iq4_xs");
+    // the mix: base type, llama.cpp's ftype id, and the rules above
+    static const struct { const char *name; int base; uint32_t ftype; } MIXES[] = {
+        {"q4_0", GGML_TYPE_Q4_0, 2},     {"iq4_xs", GGML_TYPE_IQ4_XS, 30},
+        {"iq4_nl", GGML_TYPE_IQ4_NL, 25}, {"q8_0", GGML_TYPE_Q8_0, 7},
+        {"q4_k_m", GGML_TYPE_Q4_K, 15}};
+    int mix = -1;
+    for (int i = 0; i < (int)(sizeof MIXES / sizeof MIXES[0]); i++)
+        if (!strcmp(ftype_s, MIXES[i].name)) mix = i;
+    if (mix < 0) die("--ftype must be q4_0, iq4_xs, iq4_nl, q8_0 or q4_k_m");
+    int is_iq4 = is_iq4_type(MIXES[mix].base), is_q4km = MIXES[mix].base == GGML_TYPE_Q4_K;
     int n_layer = layers > 0 && layers < P->n_layer ? layers : P->n_layer;
     int E = P->n_embd, F = P->n_ff, hd = P->head_dim, V = P->n_vocab;
     int q35 = !strcmp(P->arch, "qwen35"), q2 = !strcmp(P->arch, "qwen2");
-    int base = is_iq4 ? GGML_TYPE_IQ4_XS : GGML_TYPE_Q4_0;
-    int bump = is_iq4 ? GGML_TYPE_Q5_K : GGML_TYPE_Q4_0; // the IQ4_XS mix's Q5_K tensors
+    int base = MIXES[mix].base;
+    int bump = is_iq4 || is_q4km ? GGML_TYPE_Q5_K : base; // the DeltaNet attn_qkv
     int gqa_bump = is_iq4 && P->n_head / P->n_head_kv >= 4;
     int key_dim = P->ssm_state * P->ssm_k_heads, value_dim = P->ssm_state * P->ssm_v_heads;
     int conv_dim = 2 * key_dim + value_dim;
@@ -216,10 +239,14 @@ int main(int argc, char **argv) {
     char name[96];
     add("token_embd.weight", E, V, base, FILL_WEIGHT);
     add("output_norm.weight", E, 0, GGML_TYPE_F32, FILL_NORM);
-    if (!P->tied) add("output.weight", E, V, GGML_TYPE_Q6_K, FILL_WEIGHT);
+    int out_type = base == GGML_TYPE_Q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q6_K;
+    if (!P->tied) add("output.weight", E, V, out_type, FILL_WEIGHT);
     for (int l = 0; l < n_layer; l++) {
 #define N(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
+        // llama-quantize's "more bits" layers of Q4_K_M: the first and last eighth, every third
+        int more = l < n_layer / 8 || l >= 7 * n_layer / 8 || (l - n_layer / 8) % 3 == 2;
         int down = (is_iq4 && l < n_layer / 8) ? GGML_TYPE_Q5_K : base;
+        if (is_q4km && more) down = GGML_TYPE_Q6_K;
         add(N("attn_norm.weight"), E, 0, GGML_TYPE_F32, FILL_NORM);
         int recurrent = q35 && (l + 1) % P->attn_interval != 0;
         if (recurrent) {
@@ -236,7 +263,8 @@ int main(int argc, char **argv) {
             int qrows = hd * P->n_head * (q35 ? 2 : 1); // qwen35: q and its gate, per head
             add(N("attn_q.weight"), E, qrows, base, FILL_WEIGHT);
             add(N("attn_k.weight"), E, hd * P->n_head_kv, base, FILL_WEIGHT);
-            add(N("attn_v.weight"), E, hd * P->n_head_kv, gqa_bump ? GGML_TYPE_Q5_K : base, FILL_WEIGHT);
+            int vt = gqa_bump ? GGML_TYPE_Q5_K : is_q4km && more ? GGML_TYPE_Q6_K : base;
+            add(N("attn_v.weight"), E, hd * P->n_head_kv, vt, FILL_WEIGHT);
             add(N("attn_output.weight"), hd * P->n_head, E, base, FILL_WEIGHT);
             if (q2) {
                 add(N("attn_q.bias"), hd * P->n_head, 0, GGML_TYPE_F32, FILL_BIAS);
@@ -254,8 +282,8 @@ int main(int argc, char **argv) {
 #undef N
     }
     if (P->tied) { // a tied embedding gets the output type
-        specs[0].type = GGML_TYPE_Q6_K;
-        specs[0].nbytes = row_bytes(GGML_TYPE_Q6_K, specs[0].ne[0]) * specs[0].ne[1];
+        specs[0].type = out_type;
+        specs[0].nbytes = row_bytes(out_type, specs[0].ne[0]) * specs[0].ne[1];
     }
 
     // --- metadata ---
@@ -267,7 +295,7 @@ int main(int argc, char **argv) {
     char gname[128];
     snprintf(gname, sizeof gname, "synthetic %s %s (random weights)", P->name, ftype_s);
     kv_str(&kv, "general.name", gname); n_kv++;
-    kv_u32(&kv, "general.file_type", is_iq4 ? 30 : 2); n_kv++;     // LLAMA_FTYPE_MOSTLY_IQ4_XS / Q4_0
+    kv_u32(&kv, "general.file_type", MIXES[mix].ftype); n_kv++;    // LLAMA_FTYPE_MOSTLY_*
     kv_u32(&kv, "general.quantization_version", 2); n_kv++;
     kv_u32(&kv, K("context_length"), (uint32_t)P->n_ctx_train);
     kv_u32(&kv, K("embedding_length"), (uint32_t)E);
