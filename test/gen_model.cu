@@ -15,6 +15,10 @@
 //   q4_k_m: every 2-D weight Q4_K, output.weight Q6_K, attn_v and ffn_down Q6_K in the layers that
 //           llama-quantize gives more bits (the first and last eighth, and every third between),
 //           DeltaNet attn_qkv Q5_K
+//   q4_k_s: every 2-D weight Q4_K, output.weight Q6_K, attn_v Q5_K in the first 4 attention
+//           layers, ffn_down Q5_K in layers < n_layer/8
+//   q4_1, q5_0, q5_1: every 2-D weight of that type, output.weight Q6_K
+//   f16, bf16: every 2-D weight of that type, output.weight too
 // 1-D tensors, norms and ssm_conv1d stay F32. The files carry everything llama.cpp's loader reads,
 // so the same file can be timed in both engines.
 //
@@ -110,6 +114,26 @@ static void fill_blocks(int type, uint8_t *dst, size_t n_blocks, uint64_t seed, 
         } else if (type == GGML_TYPE_Q8_0) {     // d * q, q uniform in [-128, 127]: std 73.9 d
             uint16_t d = to_fp16(std / 73.9f * jitter);
             memcpy(blk, &d, 2);
+        } else if (type == GGML_TYPE_Q4_1) {     // d * q + m, q uniform in [0, 15]: std 4.6 d
+            float d = std / 4.6f * jitter;
+            uint16_t h[2] = {to_fp16(d), to_fp16(-7.5f * d)};
+            memcpy(blk, h, 4);
+        } else if (type == GGML_TYPE_Q5_0) {     // d * (q5 - 16): std 9.2 d
+            uint16_t d = to_fp16(std / 9.2f * jitter);
+            memcpy(blk, &d, 2);
+        } else if (type == GGML_TYPE_Q5_1) {     // d * q5 + m
+            float d = std / 9.2f * jitter;
+            uint16_t h[2] = {to_fp16(d), to_fp16(-15.5f * d)};
+            memcpy(blk, h, 4);
+        } else if (type == GGML_TYPE_F16) {      // one value a block, uniform: std * sqrt(12) wide
+            uint16_t v = to_fp16(std * 3.464f * (frand(&s) - 0.5f));
+            memcpy(blk, &v, 2);
+        } else if (type == GGML_TYPE_BF16) {     // the float's top 16 bits
+            float f = std * 3.464f * (frand(&s) - 0.5f);
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            uint16_t v = (uint16_t)(u >> 16);
+            memcpy(blk, &v, 2);
         } else if (type == GGML_TYPE_IQ4_NL) {   // d * kv: std(kv) ~ 70
             uint16_t d = to_fp16(std / 70.0f * jitter);
             memcpy(blk, &d, 2);
@@ -203,9 +227,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) vocab_path = argv[++i];
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) base_seed = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-        else die("usage: gen_model --model NAME --ftype q4_0|iq4_xs|iq4_nl|q8_0|q4_k_m -o OUT.gguf [--layers N] [--vocab VOCAB.gguf] [--seed S]");
+        else die("usage: gen_model --model NAME --ftype TYPE -o OUT.gguf [--layers N] [--vocab VOCAB.gguf] [--seed S]");
     }
-    if (!model || !out) die("usage: gen_model --model NAME --ftype q4_0|iq4_xs|iq4_nl|q8_0|q4_k_m -o OUT.gguf [--layers N] [--vocab VOCAB.gguf]");
+    if (!model || !out) die("usage: gen_model --model NAME --ftype TYPE -o OUT.gguf [--layers N] [--vocab VOCAB.gguf]");
     const Preset *P = NULL;
     for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++)
         if (!strcmp(PRESETS[i].name, model)) P = &PRESETS[i];
@@ -219,17 +243,23 @@ int main(int argc, char **argv) {
     static const struct { const char *name; int base; uint32_t ftype; } MIXES[] = {
         {"q4_0", GGML_TYPE_Q4_0, 2},     {"iq4_xs", GGML_TYPE_IQ4_XS, 30},
         {"iq4_nl", GGML_TYPE_IQ4_NL, 25}, {"q8_0", GGML_TYPE_Q8_0, 7},
-        {"q4_k_m", GGML_TYPE_Q4_K, 15}};
+        {"q4_k_m", GGML_TYPE_Q4_K, 15},   {"q4_k_s", GGML_TYPE_Q4_K, 14},
+        {"q4_1", GGML_TYPE_Q4_1, 3},      {"q5_0", GGML_TYPE_Q5_0, 8},
+        {"q5_1", GGML_TYPE_Q5_1, 9},      {"f16", GGML_TYPE_F16, 1},
+        {"bf16", GGML_TYPE_BF16, 32}};
     int mix = -1;
     for (int i = 0; i < (int)(sizeof MIXES / sizeof MIXES[0]); i++)
         if (!strcmp(ftype_s, MIXES[i].name)) mix = i;
-    if (mix < 0) die("--ftype must be q4_0, iq4_xs, iq4_nl, q8_0 or q4_k_m");
-    int is_iq4 = is_iq4_type(MIXES[mix].base), is_q4km = MIXES[mix].base == GGML_TYPE_Q4_K;
+    if (mix < 0) die("--ftype must be one of q4_0 iq4_xs iq4_nl q8_0 q4_k_m q4_k_s q4_1 q5_0 q5_1 "
+                     "f16 bf16");
+    int is_iq4 = is_iq4_type(MIXES[mix].base), is_k = MIXES[mix].base == GGML_TYPE_Q4_K;
+    int is_q4km = is_k && MIXES[mix].ftype == 15, is_q4ks = is_k && !is_q4km;
+    int is_float = MIXES[mix].base == GGML_TYPE_F16 || MIXES[mix].base == GGML_TYPE_BF16;
     int n_layer = layers > 0 && layers < P->n_layer ? layers : P->n_layer;
     int E = P->n_embd, F = P->n_ff, hd = P->head_dim, V = P->n_vocab;
     int q35 = !strcmp(P->arch, "qwen35"), q2 = !strcmp(P->arch, "qwen2");
     int base = MIXES[mix].base;
-    int bump = is_iq4 || is_q4km ? GGML_TYPE_Q5_K : base; // the DeltaNet attn_qkv
+    int bump = is_iq4 || is_k ? GGML_TYPE_Q5_K : base; // the DeltaNet attn_qkv
     int gqa_bump = is_iq4 && P->n_head / P->n_head_kv >= 4;
     int key_dim = P->ssm_state * P->ssm_k_heads, value_dim = P->ssm_state * P->ssm_v_heads;
     int conv_dim = 2 * key_dim + value_dim;
@@ -239,7 +269,8 @@ int main(int argc, char **argv) {
     char name[96];
     add("token_embd.weight", E, V, base, FILL_WEIGHT);
     add("output_norm.weight", E, 0, GGML_TYPE_F32, FILL_NORM);
-    int out_type = base == GGML_TYPE_Q8_0 ? GGML_TYPE_Q8_0 : GGML_TYPE_Q6_K;
+    int out_type = base == GGML_TYPE_Q8_0 || is_float ? base : GGML_TYPE_Q6_K;
+    int n_attn = 0; // attention layers so far (Q4_K_S's attn_v rule counts them)
     if (!P->tied) add("output.weight", E, V, out_type, FILL_WEIGHT);
     for (int l = 0; l < n_layer; l++) {
 #define N(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
@@ -247,6 +278,7 @@ int main(int argc, char **argv) {
         int more = l < n_layer / 8 || l >= 7 * n_layer / 8 || (l - n_layer / 8) % 3 == 2;
         int down = (is_iq4 && l < n_layer / 8) ? GGML_TYPE_Q5_K : base;
         if (is_q4km && more) down = GGML_TYPE_Q6_K;
+        if (is_q4ks && l < n_layer / 8) down = GGML_TYPE_Q5_K;
         add(N("attn_norm.weight"), E, 0, GGML_TYPE_F32, FILL_NORM);
         int recurrent = q35 && (l + 1) % P->attn_interval != 0;
         if (recurrent) {
@@ -264,6 +296,7 @@ int main(int argc, char **argv) {
             add(N("attn_q.weight"), E, qrows, base, FILL_WEIGHT);
             add(N("attn_k.weight"), E, hd * P->n_head_kv, base, FILL_WEIGHT);
             int vt = gqa_bump ? GGML_TYPE_Q5_K : is_q4km && more ? GGML_TYPE_Q6_K : base;
+            if (is_q4ks && n_attn++ < 4) vt = GGML_TYPE_Q5_K;
             add(N("attn_v.weight"), E, hd * P->n_head_kv, vt, FILL_WEIGHT);
             add(N("attn_output.weight"), hd * P->n_head, E, base, FILL_WEIGHT);
             if (q2) {
