@@ -2983,16 +2983,15 @@ static int matvec_float(const Tensor *W, const float *x /* (n_in) */, const floa
 // loads in flight. Partial sums meet in a warp shuffle, then across warps in shared memory.
 // C twin: matvec_xq_c.
 #define FAST_ROWS 8          // rows per block: more rows share each activation load and put more
-                             // bytes in flight; half of it for long rows and the types of short
-                             // arithmetic, Q4_0, Q4_1 and Q8_0 (matvec_blocks)
+                             // bytes in flight; half of it for long rows and for every type's
+                             // one-pass rows but Q5_K's and IQ4_XS's (matvec_blocks)
 #define FAST_MAX_THREADS 256 // threads per block at most (fast_threads)
 // LOADS_FIRST: a __syncwarp() between a pass's loads and its arithmetic. Left alone, ptxas issues
 // the loads of row r+1 only once row r's arithmetic is under way (it saves registers that way):
 // one or two loads in flight per thread. A warp barrier is a point no memory access may cross, so
 // every load is issued before it, at the cost of registers for all of them. It pays for rows of
-// several passes, for the batch kernel and for Q4_0's one-pass rows at 4 rows per block (Q4_1 and
-// Q8_0, whose arithmetic is as short, take the same shape), and not for the other types' one-pass
-// rows at 8 (the extra registers cost resident blocks).
+// several passes, for the batch kernel and for one-pass rows at 4 rows per block, and not for the
+// one-pass rows of Q5_K and IQ4_XS at 8 (the extra registers cost resident blocks).
 template <int TYPE, int R, bool LOADS_FIRST>
 __device__ __forceinline__ void
 fast_rows(const uint8_t *W,   // planes, NB = n_out * n_sub sub-blocks
@@ -3096,12 +3095,12 @@ static void matvec_blocks(const Tensor *W, const XQ &xq /* (n_in / 32) blocks */
         die("mat-vec '%s': planes in step order, but the launch does not stream", W->name);
     // Rows longer than one pass of the block (the FFN down projections) take half the rows per
     // block, all loads first: twice the blocks, since each one walks its rows pass after pass.
-    // So do the one-pass rows of Q4_0, Q4_1 and Q8_0: their arithmetic is short, so the loads are
-    // what a block waits on. The other types' one-pass rows take FAST_ROWS, no barrier.
+    // So do the one-pass rows of every type but Q5_K and IQ4_XS: the loads are what a block waits
+    // on. Those two take FAST_ROWS, no barrier (measured on the 27B/32B files; the others at 8B:
+    // test/PERF_NOTES.md, "Fast types, round 2").
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
     int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
-    int half = long_rows || W->type == GGML_TYPE_Q4_0 || W->type == GGML_TYPE_Q4_1 ||
-               W->type == GGML_TYPE_Q8_0;
+    int half = long_rows || (W->type != GGML_TYPE_Q5_K && W->type != GGML_TYPE_IQ4_XS);
     int R = half ? FAST_ROWS / 2 : FAST_ROWS, blocks = (n_out + R - 1) / R;
 #define FAST(T)                                                                                    \
     if (half)                                                                                      \
@@ -3522,11 +3521,15 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
 // groups or more: gate/up, the DeltaNet in-projections, the output matrix), the per-block kernel
 // for short ones, where the streaming kernel's runs become chains of memory latencies whose row
 // groups warps share (ffn_down, the attention projections, ssm_out). The runs are counted for a
-// grid of 16 warps per SM (mv_grid_warps), whatever block shape the launch then takes.
+// grid of 16 warps per SM (mv_grid_warps), whatever block shape the launch then takes. Rows of at
+// most 4096 inputs (the 8B and smaller models) never stream: there a row is one pass of a
+// per-block kernel, every load of a block in flight at once, and gate/up and the output matrix
+// measured 6-9 % faster per-block (test/PERF_NOTES.md, "Fast types, round 2").
 enum { MV_AUTO, MV_STREAM, MV_BLOCKS };
 static int g_mv_mode = MV_AUTO; // MV_STREAM / MV_BLOCKS force one kernel: the tests run both
 static int mv_use_stream(const MvPlan *p, int n_in) {
     if (g_mv_mode != MV_AUTO) return g_mv_mode == MV_STREAM;
+    if (n_in <= 4096) return 0; // one pass of the per-block kernel (above)
     long cpr = (n_in / 32 + WARP - 1) / WARP, warps = mv_grid_warps();
     // 1.9 row groups a run or more: the measured break-even (test/PERF_NOTES.md, Design record)
     return 10L * p->first_unit[p->n] >= 19 * cpr * warps;

@@ -4,12 +4,14 @@
 # that test/gen_model and llama-quantize can make.
 #
 #   shape   a test/gen_model preset (qwen3-8b, qwen3.6-27b, qwen3-32b, qwen2.5-32b, ...)
-#   TYPE    Q4_0 or IQ4_XS (written by test/gen_model), or any llama-quantize type name (Q4_K_M,
-#           Q4_K_S, Q5_K_M, Q6_K, Q8_0, IQ4_NL, Q4_1, Q5_0, Q5_1, F16, BF16, ...): quantized by
-#           LLAMA_BIN/llama-quantize --allow-requantize from the shape's Q4_0 file, with its type
-#           mix (random weights: the speed is all that is measured). A file already in models/
-#           (models/SHAPE-TYPE.gguf, models/SHAPE-q4_0.gguf for Q4_0) is used as it is
-#   LLAMA_BIN   a folder with llama-bench and llama-quantize (../shared/tools/README.md)
+#   TYPE    a type test/gen_model writes (Q4_0, IQ4_XS, IQ4_NL, Q8_0, Q4_K_M, Q4_K_S, Q4_1, Q5_0,
+#           Q5_1, F16, BF16: llama-quantize's type mixes), or any other llama-quantize type name
+#           (Q5_K_M, Q6_K, ...): quantized by LLAMA_BIN/llama-quantize --allow-requantize from the
+#           shape's Q4_0 file, with its type mix (random weights: the speed is all that is
+#           measured). A file already in models/ (models/SHAPE-TYPE.gguf, models/SHAPE-q4_0.gguf
+#           for Q4_0) is used as it is
+#   LLAMA_BIN   a folder with llama-bench, and llama-quantize for the types test/gen_model does
+#               not write (../shared/tools/README.md)
 #
 # Per file: llama-bench -p 512 -n 128 -fa 1 -r 3 -ngl 99, then each qwen binary's --bench (decode
 # ms/token at context 128, its share of the copy bandwidth; pp512). One row per (file, binary) on
@@ -50,8 +52,9 @@ for sf in $files; do
     if [ ! -f "$file" ]; then
         case $type in
         Q4_0) make_base "$shape" ;;
-        IQ4_XS) ./test/gen_model --threads "$threads" --model "$shape" --ftype iq4_xs -o "$file" \
-                    >> "$log" 2>&1 ;;
+        IQ4_XS|IQ4_NL|Q8_0|Q4_K_M|Q4_K_S|Q4_1|Q5_0|Q5_1|F16|BF16)
+            ./test/gen_model --threads "$threads" --model "$shape" --ftype "${type,,}" \
+                -o "$file" >> "$log" 2>&1 ;;
         *) make_base "$shape" && "$llama/llama-quantize" --allow-requantize "$(base_of "$shape")" \
                "$file" "$type" "$threads" >> "$log" 2>&1 ;;
         esac || { fail "$sf: the file could not be made (see $log)"; rm -f "$file"; continue; }
