@@ -17,6 +17,8 @@
 //           DeltaNet attn_qkv Q5_K
 //   q4_k_s: every 2-D weight Q4_K, output.weight Q6_K, attn_v Q5_K in the first 4 attention
 //           layers, ffn_down Q5_K in layers < n_layer/8
+//   q5_k_m: as q4_k_m, with Q5_K in place of Q4_K
+//   q6_k:   every 2-D weight Q6_K
 //   q4_1, q5_0, q5_1: every 2-D weight of that type, output.weight Q6_K
 //   f16, bf16: every 2-D weight of that type, output.weight too
 // 1-D tensors, norms and ssm_conv1d stay F32. The files carry everything llama.cpp's loader reads,
@@ -246,14 +248,17 @@ int main(int argc, char **argv) {
         {"q4_k_m", GGML_TYPE_Q4_K, 15},   {"q4_k_s", GGML_TYPE_Q4_K, 14},
         {"q4_1", GGML_TYPE_Q4_1, 3},      {"q5_0", GGML_TYPE_Q5_0, 8},
         {"q5_1", GGML_TYPE_Q5_1, 9},      {"f16", GGML_TYPE_F16, 1},
-        {"bf16", GGML_TYPE_BF16, 32}};
+        {"bf16", GGML_TYPE_BF16, 32},     {"q5_k_m", GGML_TYPE_Q5_K, 17},
+        {"q6_k", GGML_TYPE_Q6_K, 18}};
     int mix = -1;
     for (int i = 0; i < (int)(sizeof MIXES / sizeof MIXES[0]); i++)
         if (!strcmp(ftype_s, MIXES[i].name)) mix = i;
-    if (mix < 0) die("--ftype must be one of q4_0 iq4_xs iq4_nl q8_0 q4_k_m q4_k_s q4_1 q5_0 q5_1 "
-                     "f16 bf16");
-    int is_iq4 = is_iq4_type(MIXES[mix].base), is_k = MIXES[mix].base == GGML_TYPE_Q4_K;
-    int is_q4km = is_k && MIXES[mix].ftype == 15, is_q4ks = is_k && !is_q4km;
+    if (mix < 0) die("--ftype must be one of q4_0 iq4_xs iq4_nl q8_0 q4_k_m q4_k_s q5_k_m q6_k q4_1 "
+                     "q5_0 q5_1 f16 bf16");
+    int is_iq4 = is_iq4_type(MIXES[mix].base);
+    int is_k = MIXES[mix].base == GGML_TYPE_Q4_K || MIXES[mix].base == GGML_TYPE_Q5_K;
+    // is_q4km: the _M mixes' "more bits" rule (Q4_K_M, Q5_K_M)
+    int is_q4km = is_k && MIXES[mix].ftype != 14, is_q4ks = is_k && !is_q4km;
     int is_float = MIXES[mix].base == GGML_TYPE_F16 || MIXES[mix].base == GGML_TYPE_BF16;
     int n_layer = layers > 0 && layers < P->n_layer ? layers : P->n_layer;
     int E = P->n_embd, F = P->n_ff, hd = P->head_dim, V = P->n_vocab;
