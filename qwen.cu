@@ -3096,8 +3096,9 @@ static void matvec_blocks(const Tensor *W, const XQ &xq /* (n_in / 32) blocks */
     // Rows longer than one pass of the block (the FFN down projections) take half the rows per
     // block, all loads first: twice the blocks, since each one walks its rows pass after pass.
     // So do the one-pass rows of every type but Q5_K and IQ4_XS: the loads are what a block waits
-    // on. Those two take FAST_ROWS, no barrier (measured on the 27B/32B files; the others at 8B:
-    // test/PERF_NOTES.md, "Fast types, round 2").
+    // on. Those two take FAST_ROWS, no barrier, as measured on the 27B/32B files; Q4_0's shape
+    // measured faster there and, for Q4_K and IQ4_NL, at 8B (test/PERF_NOTES.md, "Fast types,
+    // round 2"); the other types take it by analogy.
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
     int n_sub = n_in / 32, threads = fast_threads(n_sub), long_rows = n_sub > FAST_MAX_THREADS;
     int half = long_rows || (W->type != GGML_TYPE_Q5_K && W->type != GGML_TYPE_IQ4_XS);
@@ -3140,9 +3141,9 @@ static void matvec_blocks_batch(int n, const Tensor *const *W, const float *cons
 
 // --- 6.6 the streaming mat-vec -------------------------------------------------------------------
 // Speed: the launches whose warps get long runs of rows (gate/up, the DeltaNet in-projections, the
-// output matrix) stream at 91-96 % of copy bandwidth here, 73 % on 6.5 (test/PERF_NOTES.md,
-// "Mat-vec (section 6)"). A first reading can skip to 6.8: 6.5 computes the same y (up to the
-// order of its sums).
+// output matrix) of the 27B/32B files stream at 91-96 % of copy bandwidth here, 73 % on 6.5
+// (test/PERF_NOTES.md, "Mat-vec (section 6)"); rows of at most 4096 inputs never stream (6.8). A
+// first reading can skip to 6.8: 6.5 computes the same y (up to the order of its sums).
 //
 // One launch computes up to BATCH_MAX matrices that read the same input (q, k, v; DeltaNet's qkv,
 // z, beta, alpha; gate and up). Rows are taken MV_ROWS at a time (a row group) and cut into chunks
