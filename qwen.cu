@@ -3464,29 +3464,23 @@ static int mv_threads(const MvPlan *p, int step) {
     if (is_iq4_type(t)) return MV_ONE_BLOCK;
     return step && t != GGML_TYPE_Q5_K ? MV_ONE_BLOCK : 256;
 }
-// The plan's run length: the stream of units cut into equal runs over the grid's warps (step: its
-// matrices are, or are to be, in step order).
-static void mv_plan_runs(MvPlan *p, int step) {
-    int t = mv_threads(p, step), total = p->first_unit[p->n];
+// The plan's run length for blocks of t threads: the stream of units cut into equal runs over the
+// grid's warps.
+static void mv_plan_runs_at(MvPlan *p, int t) {
+    int total = p->first_unit[p->n];
     int per_sm = (t > MV_SM_THREADS ? t : MV_SM_THREADS) / WARP;     // 20, or 16 (512, 2 x 256)
     int warps = mv_grid_warps() / (MV_SM_THREADS / WARP) * per_sm;         // SMs x warps per SM
     p->upw = (total + warps - 1) / warps;
 }
+// The same for the launch's own block shape (step: its matrices are, or are to be, in step order).
+static void mv_plan_runs(MvPlan *p, int step) { mv_plan_runs_at(p, mv_threads(p, step)); }
 
-// Launch the plan: runs of equal length over the grid's warps.
-static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
-    int n_sub = n_in / 32, total = p->first_unit[p->n], step = p->so[0].upw != 0;
-    mv_plan_runs(p, step);
-    for (int m = 0; m < p->n; m++) // planes in step order must be this launch's (step_order_plan)
-        if (p->so[m].upw && (p->so[m].upw != p->upw || p->so[m].first != p->first_unit[m] ||
-                             p->so[m].units != p->first_unit[m + 1] - p->first_unit[m]))
-            die("streaming mat-vec: matrix %d's planes are in the step order of another launch", m);
-    int used = (total + p->upw - 1) / p->upw, type = mv_plan_type(p);
-    // all of the plan's matrices in step order, or none (step_order_group)
-    for (int m = 1; m < p->n; m++)
-        if ((p->so[m].upw != 0) != step)
-            die("streaming mat-vec: matrices in step order and row by row in one launch");
-    int threads = mv_threads(p, step), blocks = (used + threads / WARP - 1) / (threads / WARP);
+// The kernel of the plan's types, block shape (threads) and order (step), over its runs (p->upw);
+// a block shape not built for those types is an error.
+static void mv_launch(const MvPlan *p, const XQ &xq, int n_sub, int threads, int step,
+                      cudaStream_t st) {
+    int total = p->first_unit[p->n], used = (total + p->upw - 1) / p->upw, type = mv_plan_type(p);
+    int blocks = (used + threads / WARP - 1) / (threads / WARP);
 #define STREAM(T, STEP, THREADS)                                                                   \
     do {                                                                                           \
         if (THREADS != threads)                                                                    \
@@ -3509,6 +3503,21 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
 #undef ONE_TYPE
 #undef STREAM
     KERNEL_CHECK();
+}
+
+// Launch the plan: runs of equal length over the grid's warps.
+static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
+    int step = p->so[0].upw != 0;
+    mv_plan_runs(p, step);
+    for (int m = 0; m < p->n; m++) // planes in step order must be this launch's (step_order_plan)
+        if (p->so[m].upw && (p->so[m].upw != p->upw || p->so[m].first != p->first_unit[m] ||
+                             p->so[m].units != p->first_unit[m + 1] - p->first_unit[m]))
+            die("streaming mat-vec: matrix %d's planes are in the step order of another launch", m);
+    // all of the plan's matrices in step order, or none (step_order_group)
+    for (int m = 1; m < p->n; m++)
+        if ((p->so[m].upw != 0) != step)
+            die("streaming mat-vec: matrices in step order and row by row in one launch");
+    mv_launch(p, xq, n_in / 32, mv_threads(p, step), step, st);
 }
 
 // --- 6.8 matvec(): which kernel a launch takes ---------------------------------------------------
@@ -6049,15 +6058,19 @@ static void budget_refusal(const Budget *b, Model *m, int n_ctx, double vram_lim
 // held by its arithmetic (the lookup), not by where its reads fall, and the order's slot
 // arithmetic costs it as much as the order saves (test/PERF_NOTES.md, "Design record"); IQ4_NL
 // runs the same lookup.
+// Whether a matrix can be stored in step order: rows of whole chunks, whole units.
+static int step_order_fits(const Tensor *W) {
+    return W->n_in % (32 * WARP) == 0 && W->n_out % MV_ROWS == 0;
+}
 static void step_order_set(int n, Tensor *const *W) {
     MvPlan p;
     memset(&p, 0, sizeof p);
     for (int i = 0; i < n; i++) mv_plan_add(&p, W[i], NULL, NULL);
     if (!mv_use_stream(&p, (int)W[0]->n_in)) return;
     mv_plan_runs(&p, 1);
-    // rows of whole chunks, whole units: all of the launch's matrices, or none
+    // all of the launch's matrices, or none
     for (int i = 0; i < n; i++)
-        if (W[i]->n_in % (32 * WARP) != 0 || W[i]->n_out % MV_ROWS != 0) return;
+        if (!step_order_fits(W[i])) return;
     for (int i = 0; i < n; i++)
         W[i]->so = StepOrder{p.upw, p.first_unit[i], p.first_unit[i + 1] - p.first_unit[i]};
 }

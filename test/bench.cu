@@ -385,7 +385,7 @@ static ShapeLaunch shape_launch(const Model *m, GpuState *s, int kind, int l) {
 
 // Launch one variant (v, the list above) of launch a; returns 0 where the variant does not apply.
 static int shape_variant(const ShapeLaunch &a, int v, const Act *in, cudaStream_t st) {
-    int n_in = (int)a.W[0]->n_in, n_sub = n_in / 32;
+    int n_sub = (int)a.W[0]->n_in / 32;
     const XQ &xq = in->q;
     if (v == 0) { // the engine
         const float *nob[BATCH_MAX] = {NULL, NULL, NULL, NULL};
@@ -425,42 +425,23 @@ static int shape_variant(const ShapeLaunch &a, int v, const Act *in, cudaStream_
         return 1;
     }
     // streaming: v = 5.. : threads {256, 512, 640} x {rows, step}
-    int threads = v <= 6 ? 256 : v <= 8 ? 512 : 640, step = (v - 5) % 2;
+    int threads = v <= 6 ? 256 : v <= 8 ? 512 : MV_ONE_BLOCK, step = (v - 5) % 2;
     MvPlan p;
     memset(&p, 0, sizeof p);
     for (int i = 0; i < a.n; i++) {
         Tensor t = *a.W[i];
         t.so.upw = 0;
         mv_plan_add(&p, &t, NULL, a.y[i]);
-        if (step && (n_in % (32 * WARP) != 0 || t.n_out % MV_ROWS != 0)) return 0;
+        if (step && !step_order_fits(&t)) return 0;
     }
-    int type = mv_plan_type(&p), total = p.first_unit[p.n];
-    if (type >= 0 && threads == 512) return 0;        // single types: 256 or 640
+    int type = mv_plan_type(&p);
+    if (type >= 0 && threads == 512) return 0;        // single types: 256 or MV_ONE_BLOCK
     if (type < 0 && (threads == 640 || (step && threads == 512))) return 0; // mixes: as built
-    int per_sm = (threads > MV_SM_THREADS ? threads : MV_SM_THREADS) / WARP;
-    int warps = mv_grid_warps() / (MV_SM_THREADS / WARP) * per_sm;
-    p.upw = (total + warps - 1) / warps;
+    mv_plan_runs_at(&p, threads);
     if (step)
         for (int i = 0; i < p.n; i++)
             p.so[i] = StepOrder{p.upw, p.first_unit[i], p.first_unit[i + 1] - p.first_unit[i]};
-    int used = (total + p.upw - 1) / p.upw, blocks = (used + threads / WARP - 1) / (threads / WARP);
-#define STR(T, STEP, TH) matvec_stream_kernel<T, STEP, TH><<<blocks, TH, 0, st>>>(p, xq, n_sub)
-#define ONE(T)                                                                                     \
-    if (threads == 640 && step) STR(T, true, 640);                                                 \
-    else if (threads == 640) STR(T, false, 640);                                                   \
-    else if (step) STR(T, true, 256);                                                              \
-    else STR(T, false, 256)
-#define MIX(X)                                                                                     \
-    if (step) STR(X, true, 256);                                                                   \
-    else if (threads == 512) STR(X, false, 512);                                                   \
-    else STR(X, false, 256)
-    if (type >= 0) FAST_TYPE_SWITCH(type, ONE)
-    else if (type == MIX_FOUR) { MIX(MIX_FOUR); }
-    else { MIX(MIX_ALL); }
-#undef MIX
-#undef ONE
-#undef STR
-    KERNEL_CHECK();
+    mv_launch(&p, xq, n_sub, threads, step, st);
     return 1;
 }
 

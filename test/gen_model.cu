@@ -257,8 +257,8 @@ int main(int argc, char **argv) {
                      "q5_0 q5_1 f16 bf16");
     int is_iq4 = is_iq4_type(MIXES[mix].base);
     int is_k = MIXES[mix].base == GGML_TYPE_Q4_K || MIXES[mix].base == GGML_TYPE_Q5_K;
-    // is_q4km: the _M mixes' "more bits" rule (Q4_K_M, Q5_K_M)
-    int is_q4km = is_k && MIXES[mix].ftype != 14, is_q4ks = is_k && !is_q4km;
+    // the K-quant _M mixes (their "more bits" layers) and Q4_K_S
+    int is_km = is_k && !strcmp(ftype_s + strlen(ftype_s) - 2, "_m"), is_ks = is_k && !is_km;
     int is_float = MIXES[mix].base == GGML_TYPE_F16 || MIXES[mix].base == GGML_TYPE_BF16;
     int n_layer = layers > 0 && layers < P->n_layer ? layers : P->n_layer;
     int E = P->n_embd, F = P->n_ff, hd = P->head_dim, V = P->n_vocab;
@@ -279,11 +279,11 @@ int main(int argc, char **argv) {
     if (!P->tied) add("output.weight", E, V, out_type, FILL_WEIGHT);
     for (int l = 0; l < n_layer; l++) {
 #define N(suffix) (snprintf(name, sizeof name, "blk.%d." suffix, l), name)
-        // llama-quantize's "more bits" layers of Q4_K_M: the first and last eighth, every third
+        // llama-quantize's "more bits" layers of the _M mixes: the first and last eighth, every third
         int more = l < n_layer / 8 || l >= 7 * n_layer / 8 || (l - n_layer / 8) % 3 == 2;
         int down = (is_iq4 && l < n_layer / 8) ? GGML_TYPE_Q5_K : base;
-        if (is_q4km && more) down = GGML_TYPE_Q6_K;
-        if (is_q4ks && l < n_layer / 8) down = GGML_TYPE_Q5_K;
+        if (is_km && more) down = GGML_TYPE_Q6_K;
+        if (is_ks && l < n_layer / 8) down = GGML_TYPE_Q5_K;
         add(N("attn_norm.weight"), E, 0, GGML_TYPE_F32, FILL_NORM);
         int recurrent = q35 && (l + 1) % P->attn_interval != 0;
         if (recurrent) {
@@ -300,8 +300,8 @@ int main(int argc, char **argv) {
             int qrows = hd * P->n_head * (q35 ? 2 : 1); // qwen35: q and its gate, per head
             add(N("attn_q.weight"), E, qrows, base, FILL_WEIGHT);
             add(N("attn_k.weight"), E, hd * P->n_head_kv, base, FILL_WEIGHT);
-            int vt = gqa_bump ? GGML_TYPE_Q5_K : is_q4km && more ? GGML_TYPE_Q6_K : base;
-            if (is_q4ks && n_attn++ < 4) vt = GGML_TYPE_Q5_K;
+            int vt = gqa_bump ? GGML_TYPE_Q5_K : is_km && more ? GGML_TYPE_Q6_K : base;
+            if (is_ks && n_attn++ < 4) vt = GGML_TYPE_Q5_K;
             add(N("attn_v.weight"), E, hd * P->n_head_kv, vt, FILL_WEIGHT);
             add(N("attn_output.weight"), hd * P->n_head, E, base, FILL_WEIGHT);
             if (q2) {

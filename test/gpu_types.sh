@@ -4,12 +4,11 @@
 # that test/gen_model and llama-quantize can make.
 #
 #   shape   a test/gen_model preset (qwen3-8b, qwen3.6-27b, qwen3-32b, qwen2.5-32b, ...)
-#   TYPE    a type test/gen_model writes (Q4_0, IQ4_XS, IQ4_NL, Q8_0, Q4_K_M, Q4_K_S, Q4_1, Q5_0,
-#           Q5_1, F16, BF16: llama-quantize's type mixes), or any other llama-quantize type name
-#           (Q5_K_M, Q6_K, ...): quantized by LLAMA_BIN/llama-quantize --allow-requantize from the
-#           shape's Q4_0 file, with its type mix (random weights: the speed is all that is
-#           measured). A file already in models/ (models/SHAPE-TYPE.gguf, models/SHAPE-q4_0.gguf
-#           for Q4_0) is used as it is
+#   TYPE    a type test/gen_model writes (its --ftype list, llama-quantize's type mixes: Q4_0,
+#           Q4_K_M, Q8_0, F16, ...), or else any other llama-quantize type name: quantized by
+#           LLAMA_BIN/llama-quantize --allow-requantize from the shape's Q4_0 file, with its type
+#           mix (random weights: the speed is all that is measured). A file already in models/
+#           (models/SHAPE-TYPE.gguf, models/SHAPE-q4_0.gguf for Q4_0) is used as it is
 #   LLAMA_BIN   a folder with llama-bench, and llama-quantize for the types test/gen_model does
 #               not write (../shared/tools/README.md)
 #
@@ -50,14 +49,16 @@ for sf in $files; do
     file=models/$shape-$type.gguf
     [ "$type" = Q4_0 ] && file=$(base_of "$shape")
     if [ ! -f "$file" ]; then
-        case $type in
-        Q4_0) make_base "$shape" ;;
-        IQ4_XS|IQ4_NL|Q8_0|Q4_K_M|Q4_K_S|Q4_1|Q5_0|Q5_1|F16|BF16)
-            ./test/gen_model --threads "$threads" --model "$shape" --ftype "${type,,}" \
-                -o "$file" >> "$log" 2>&1 ;;
-        *) make_base "$shape" && "$llama/llama-quantize" --allow-requantize "$(base_of "$shape")" \
-               "$file" "$type" "$threads" >> "$log" 2>&1 ;;
-        esac || { fail "$sf: the file could not be made (see $log)"; rm -f "$file"; continue; }
+        # test/gen_model for the types it writes (it refuses the others), else llama-quantize
+        if [ "$type" = Q4_0 ]; then
+            make_base "$shape"
+        elif ./test/gen_model --threads "$threads" --model "$shape" --ftype "${type,,}" \
+                -o "$file" >> "$log" 2>&1; then
+            :
+        else
+            make_base "$shape" && "$llama/llama-quantize" --allow-requantize \
+                "$(base_of "$shape")" "$file" "$type" "$threads" >> "$log" 2>&1
+        fi || { fail "$sf: the file could not be made (see $log)"; rm -f "$file"; continue; }
     fi
     # llama.cpp: tg128 and pp512, "mean ± sd" tokens per second
     lb=$("$llama/llama-bench" -m "$file" -p 512 -n 128 -fa 1 -r 3 -ngl 99 2>&1)

@@ -3947,6 +3947,17 @@ static void xq_bounds(int type, const uint8_t *w, size_t rb, int64_t n_in, int64
     }
 }
 
+// The largest |got - exact| of n rows against xq_bounds' two bounds (plus 1e-5 of the scale for
+// the fp32 sums), folded into *worst_lin and *worst_sd.
+static void xq_worst(const float *got, const float *exact, const double *scale, const double *lin,
+                     const double *sd, int64_t n, double *worst_lin, double *worst_sd) {
+    for (int64_t r = 0; r < n; r++) {
+        double d = fabs((double)got[r] - exact[r]), f = 1e-5 * scale[r] + 1e-30;
+        *worst_lin = worse(*worst_lin, d / (lin[r] + f));
+        *worst_sd = worse(*worst_sd, d / (6 * sd[r] + f));
+    }
+}
+
 // The C twins alone (no GPU): matvec_xq_c with the 16-bit x against matvec_c with the fp32 x,
 // within xq_bounds' two bounds (plus 1e-5 of the scale for the fp32 sums), every quantized type
 // and the shapes of the GPU check below.
@@ -3972,11 +3983,7 @@ static void test_xq_rounding(void) {
             matvec_xq_c(&W, hq.H, hq.L, hq.s, NULL, yq, 0, row);
             matvec_c(&W, x, y, NULL, 0, row);
             xq_bounds(type, w, rb, n_in, n_out, x, &hq, sc, sc + n_out, sc + 2 * n_out, row);
-            for (int64_t r = 0; r < n_out; r++) {
-                double d = fabs((double)yq[r] - y[r]), f = 1e-5 * sc[r] + 1e-30;
-                worst_lin = worse(worst_lin, d / (sc[n_out + r] + f));
-                worst_sd = worse(worst_sd, d / (6 * sc[2 * n_out + r] + f));
-            }
+            xq_worst(yq, y, sc, sc + n_out, sc + 2 * n_out, n_out, &worst_lin, &worst_sd);
             free_hxq(&hq);
             free(w); free(x); free(row); free(yq); free(y); free(sc);
         }
@@ -4061,12 +4068,7 @@ static void test_gpu_matvec(void) {
                 matvec(&W, &act, dy, db, accumulate, st);
                 CUDA_CHECK(cudaMemcpy(y, dy, n_out * 4, cudaMemcpyDeviceToHost));
                 worst = worse(worst, max_rel_err(y, y_ref, scale, (int)n_out));
-                if (fast)
-                    for (int64_t r = 0; r < n_out; r++) {
-                        double d = fabs((double)y[r] - y_exact[r]), f = 1e-5 * scale[r] + 1e-30;
-                        worst_exact = worse(worst_exact, d / (lin[r] + f));
-                        worst_sd = worse(worst_sd, d / (6 * sd[r] + f));
-                    }
+                if (fast) xq_worst(y, y_exact, scale, lin, sd, n_out, &worst_exact, &worst_sd);
             }
             cudaFree(W.dev); cudaFree(act.f); cudaFree(dy); cudaFree(db);
             if (fast) { free_xq(act.q); free_hxq(&hq); }
