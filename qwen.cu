@@ -937,8 +937,8 @@ static int type_supported(int t) {
     }
 }
 
-// F32, F16 and BF16: the float types, which keep fp32 inputs in the mat-vecs (6.1) and products
-// (section 8's header says why).
+// F32, F16 and BF16: the float types, whose mat-vecs keep fp32 inputs (6.1, 6.4c); in the
+// prompt's batched products F32 does too (section 8's header says why).
 static int is_float_weight(int type) {
     return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
 }
@@ -2319,6 +2319,17 @@ static int is_iq4_type(int t) { return t == GGML_TYPE_IQ4_NL || t == GGML_TYPE_I
     case GGML_TYPE_Q5_K: LAUNCH(GGML_TYPE_Q5_K); break;         \
     case GGML_TYPE_Q6_K: LAUNCH(GGML_TYPE_Q6_K); break;         \
     }
+// The types of the prefill's tensor-core product (section 8): the fast types, and F16 and BF16,
+// whose rows the product reads as they are.
+static int is_mm_type(int t) {
+    return is_fast_type(t) || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
+}
+#define MM_TYPE_SWITCH(type, LAUNCH)                            \
+    switch (type) {                                             \
+    case GGML_TYPE_F16: LAUNCH(GGML_TYPE_F16); break;           \
+    case GGML_TYPE_BF16: LAUNCH(GGML_TYPE_BF16); break;         \
+    default: FAST_TYPE_SWITCH(type, LAUNCH)                     \
+    }
 
 // The qs plane entry (16 bytes) of sub-block `sub` of a Q4_K or Q5_K super-block: the file keeps
 // sub-blocks 2c and 2c+1 in the low and high nibbles of qs[32c .. 32c+31].
@@ -2894,9 +2905,12 @@ static int mix_kind(const int *types, int n) {
 // layout; on the simple mat-vec (6.1) each lane reads its own 32-weight unit, 64 or 128 bytes from
 // its neighbour's, element by element. Here the 32 lanes of a warp read 16-byte vectors side by
 // side (512 contiguous bytes a load) for FLOAT_ROWS rows at once, so that every x vector a lane
-// loads serves those rows (test/PERF_NOTES.md, "Fast types for the files people download").
-// Rows whose length is not a multiple of a vector stay on 6.1. C twin: matvec_c.
-#define FLOAT_ROWS 2 // rows per warp
+// loads serves those rows, and FLOAT_AHEAD vectors of each row are loaded before any is used, so
+// that a warp has that many bytes in flight (test/PERF_NOTES.md, "Fast types for the files people
+// download", "Float weights"). Rows whose length is not a multiple of a vector stay on 6.1.
+// C twin: matvec_c.
+#define FLOAT_ROWS 2  // rows per warp
+#define FLOAT_AHEAD 2 // 16-byte vectors of each row a lane loads before it multiplies
 
 // The 16-byte vector v of a float row as fp32: 4 (F32) or 8 (F16, BF16) values into w.
 template <int TYPE> __device__ __forceinline__ void float_vec(const int4 &v, float *w) {
@@ -2929,20 +2943,33 @@ __global__ void matvec_float_kernel(const uint8_t *W,  // (n_out, n_in) of TYPE
     float acc[FLOAT_ROWS];
 #pragma unroll
     for (int r = 0; r < FLOAT_ROWS; r++) acc[r] = 0.0f;
-    for (int i = V * lane; i < n_in; i += V * WARP) {
-        int4 v[FLOAT_ROWS]; // all the rows' loads first; rows past the end read the last row
+    for (int i0 = V * lane; i0 < n_in; i0 += V * WARP * FLOAT_AHEAD) {
+        // all the loads first: vector a of row r at i0 + a * V * WARP (rows past the end read the
+        // last row; vectors past the row's end none)
+        int4 v[FLOAT_AHEAD][FLOAT_ROWS];
 #pragma unroll
-        for (int r = 0; r < FLOAT_ROWS; r++)
-            v[r] = ldw((const int4 *)(W + ((size_t)min(row0 + r, n_out - 1) * n_in + i) * esize));
-        float xv[V];
+        for (int a = 0; a < FLOAT_AHEAD; a++) {
+            int i = i0 + a * V * WARP;
 #pragma unroll
-        for (int k = 0; k < V; k += 4) *(float4 *)(xv + k) = *(const float4 *)(x + i + k);
+            for (int r = 0; r < FLOAT_ROWS; r++) {
+                const uint8_t *p = W + ((size_t)min(row0 + r, n_out - 1) * n_in + i) * esize;
+                v[a][r] = i < n_in ? ldw((const int4 *)p) : make_int4(0, 0, 0, 0);
+            }
+        }
 #pragma unroll
-        for (int r = 0; r < FLOAT_ROWS; r++) {
-            float w[V];
-            float_vec<TYPE>(v[r], w);
+        for (int a = 0; a < FLOAT_AHEAD; a++) {
+            int i = i0 + a * V * WARP;
+            if (i >= n_in) break;
+            float xv[V];
 #pragma unroll
-            for (int k = 0; k < V; k++) acc[r] = fmaf(w[k], xv[k], acc[r]);
+            for (int k = 0; k < V; k += 4) *(float4 *)(xv + k) = *(const float4 *)(x + i + k);
+#pragma unroll
+            for (int r = 0; r < FLOAT_ROWS; r++) {
+                float w[V];
+                float_vec<TYPE>(v[a][r], w);
+#pragma unroll
+                for (int k = 0; k < V; k++) acc[r] = fmaf(w[k], xv[k], acc[r]);
+            }
         }
     }
 #pragma unroll
@@ -4684,7 +4711,8 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h 
 // which is compute-bound for T in the hundreds. The products run on the tensor cores through WMMA
 // (16x16x16 fp16 tiles, fp32 accumulation: the sm_70 instruction set, and the same PTX runs on
 // every later GPU). The weights are dequantized to fp16 inside the product, tile by tile, straight
-// from the repacked planes (every quantized type has them).
+// from the repacked planes (every quantized type has them), or from the rows of an F16 or BF16
+// file (below).
 // Everything around the products (norms, RoPE, attention, the DeltaNet recurrence) works on all T
 // rows in one launch.
 //
@@ -4693,17 +4721,20 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h 
 // so the largest value of a row is below 4096 whatever the model's activation range (fp16 overflows
 // at 65504), and the scaling itself is exact. The product's epilogue multiplies row t by s[t].
 //
-// Float weights (F32, F16, BF16 files: the exact references) are the exception: their products
-// run in fp32 on the CUDA cores from an fp32 copy of the rows (ActH.f), so that a batched prompt
-// keeps the precision of the token-by-token path. The fp16 operands of the quantized files cost
-// some exactness against the token-by-token path, which is why --dump-logits goes token by token
-// unless -b is given.
+// Float weights. F16 weights enter the tiles as they are. A BF16 weight (8 bits of precision) is
+// exact in fp16 (11 bits) wherever fp16 has normal numbers, 2^-14 <= |w| <= 65504; below 2^-14
+// fp16 rounds it to a multiple of 2^-24, an absolute error of at most 2^-25, and from 2^16 up it
+// would overflow: a BF16 file with such a weight (the upload looks; no released model has one)
+// sends its prompts token by token. F32 weights (the exact fp32 reference files) are the
+// exception: their products run in fp32 on the CUDA cores from an fp32 copy of the rows (ActH.f).
+// The fp16 activations cost some exactness against the token-by-token path (whose inputs stay
+// fp32 for the float types), which is why --dump-logits goes token by token unless -b is given.
 
 typedef struct {
     __half *h; // (T, ld) X = x / s
     float *s;  // (T) row scales
     int ld;    // row stride in elements (a multiple of 8)
-    float *f;  // (T, ld) the rows x in fp32 for float weights (above), or NULL: none needs them
+    float *f;  // (T, ld) the rows x in fp32 for F32 weights (above), or NULL: none needs them
 } ActH;
 
 // The tensor cores' tiles through WMMA (sm_70+): 16x16x16, fp16 operands, fp32 sums.
@@ -4725,9 +4756,11 @@ __host__ __device__ static float row_scale(float amax) {
 // that the product can have the loads of the next tile in flight while it multiplies the current
 // one:
 //   w_load<TYPE>(W, g, NB) -> WRaw   the unit's bytes: its quants (16 bytes; Q8_0: 32), the scales
+//                                     (F16, BF16: the 64 bytes of its values)
 //   w_decode<TYPE>(raw, out)          32 fp16 weights
 // from the planes (layout in 6.3) at sub-block g, the plane index of (row, u): row * n_sub + u, or
-// its step-order slot (plane_g).
+// its step-order slot (plane_g); F16 and BF16 from the file's rows, where unit g = row * n_sub + u
+// is the 64 bytes at 64 g.
 //
 // The decode works on pairs of fp16 (half2), with no int -> float conversion: a small integer c
 // (0..255) becomes an fp16 by writing it under the exponent of 1024, whose ulp is 1,
@@ -4745,7 +4778,8 @@ __host__ __device__ static float row_scale(float amax) {
 // sub-block's 32 weights, and rounding it to fp16 first multiplies the error (test/PERF_NOTES.md,
 // "Design record").
 
-typedef struct { uint4 q, e, f; } WRaw; // q: quants (Q8_0: and f), e: scales
+// q: quants (Q8_0: and f), e: scales; F16 and BF16: values 0..7 in q, 8..15 in e, then f, h
+typedef struct { uint4 q, e, f, h; } WRaw;
 
 template <int TYPE>
 __device__ WRaw w_load(const uint8_t *W /* planes (NB sub-blocks) */, size_t g, size_t NB);
@@ -4992,14 +5026,40 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_Q6_K>(const WRaw 
     }
 }
 
+// F16 and BF16: the unit's 64 bytes, row-major (no planes)
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_F16>(const uint8_t *W, size_t g, size_t NB) {
+    const uint4 *p = (const uint4 *)W + 4 * g;
+    WRaw r = {__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3)};
+    return r;
+}
+template <>
+__device__ __forceinline__ WRaw w_load<GGML_TYPE_BF16>(const uint8_t *W, size_t g, size_t NB) {
+    return w_load<GGML_TYPE_F16>(W, g, NB);
+}
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_F16>(const WRaw &r, __half *out) {
+    uint4 *o = (uint4 *)out;
+    o[0] = r.q, o[1] = r.e, o[2] = r.f, o[3] = r.h;
+}
+// BF16: the 16 bits b of a value are the fp32 value b << 16 (exact), rounded once to fp16 (exact
+// in fp16's normal range: section 8's header)
+template <> __device__ __forceinline__ void w_decode<GGML_TYPE_BF16>(const WRaw &r, __half *out) {
+    const uint32_t *u = (const uint32_t *)&r; // 16 words of 2 values, the lower half first
+    __half2 *o = (__half2 *)out;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        o[i] = __floats2half2_rn(__uint_as_float(u[i] << 16), __uint_as_float(u[i] & 0xffff0000u));
+}
+
 // --- the product ---------------------------------------------------------------------------------
 // y[t, n] = s[t] * sum_k X[t, k] W[n, k] (+ bias[n]) (+ y[t, n] when accumulate),
 // for t < T, n < n_out.
 //
 // Tiles. The output is cut into tiles of MM_TT tokens x MM_TN weight rows, and k into steps of 64
 // (two 32-weight units). A step stages the tile's X (fp16 rows) and W (decoded here, one unit per
-// thread, so the two threads of a row read one contiguous piece of the planes, 32 bytes (Q8_0: 64);
-// X in 16-byte chunks, four whole rows per warp load) in shared memory, and the 8 warps multiply
+// thread, so the two threads of a row read one contiguous piece of the planes, 32 bytes (Q8_0: 64,
+// F16 and BF16: 128 bytes of the row); X in 16-byte chunks, four whole rows per warp load) in
+// shared memory, and the 8 warps multiply
 // them with WMMA, each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16 fp32
 // accumulators). The next step's bytes are loaded into registers before the tensor cores work on
 // the current step and are decoded and stored to the other half of a double buffer after: one
@@ -5230,14 +5290,13 @@ static void mm_weight_row(int type, const uint8_t *src /* one row, row_bytes(typ
 }
 
 // C twin of matmul_kernel and matmul_f32_kernel: the same products in fp32 (double sums) from the
-// same operands: for quantized weights the fp16 weights of mm_weight_row times the fp16 rows X
-// (then * s), for float weights the weight times the fp32 rows xf. Only the summation order
-// differs.
+// same operands: the fp16 weights of mm_weight_row times the fp16 rows X (then * s), or for F32
+// weights the weight times the fp32 rows xf. Only the summation order differs.
 static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */,
                      const float *xs /* (T) */, const float *xf /* (T, ld) */, int ld, int T,
                      float *y /* (T, ldy) */, int ldy, const float *bias /* (n_out) or NULL */,
                      int accumulate, float *row /* (n_in) */) {
-    int n_in = (int)W->n_in, exact = is_float_weight(W->type);
+    int n_in = (int)W->n_in, exact = W->type == GGML_TYPE_F32;
     size_t rb = row_bytes(W->type, W->n_in);
     for (int64_t n = 0; n < W->n_out; n++) {
         if (exact) dequant_row(W->type, W->host + n * rb, row, n_in);
@@ -5258,27 +5317,16 @@ static void matmul_c(const Tensor *W, const uint16_t *X /* (T, ld) fp16 bits */,
     }
 }
 
-// The fp32 product for float weights: y[t, n] (+)= sum_k xf[t, k] W[n, k] (+ bias[n]). A block
+// The fp32 product for F32 weights: y[t, n] (+)= sum_k xf[t, k] W[n, k] (+ bias[n]). A block
 // computes 64 tokens x 64 rows, each thread a 4 x 4 patch of them, k in steps of 16 through shared
 // memory. C twin: matmul_c.
 #define SG_T 64
 #define SG_N 64
 #define SG_K 16
-template <int TYPE> __device__ __forceinline__ float wf(const uint8_t *W, size_t i);
-template <> __device__ __forceinline__ float wf<GGML_TYPE_F32>(const uint8_t *W, size_t i) {
-    return ((const float *)W)[i];
-}
-template <> __device__ __forceinline__ float wf<GGML_TYPE_F16>(const uint8_t *W, size_t i) {
-    return fp16_to_f32(((const uint16_t *)W)[i]);
-}
-template <> __device__ __forceinline__ float wf<GGML_TYPE_BF16>(const uint8_t *W, size_t i) {
-    return __uint_as_float((uint32_t)((const uint16_t *)W)[i] << 16);
-}
 // The kernel reads k in steps of SG_K with no bound check: every input width of a prefill product
 // is a multiple of 32 (prefill_plan turns the batched path off otherwise). C twin: matmul_c.
-template <int TYPE>
 __global__ void __launch_bounds__(256)
-matmul_f32_kernel(const uint8_t *W /* (n_out, n_in) */, ActH x, float *y /* (T, ldy) */,
+matmul_f32_kernel(const float *W /* (n_out, n_in) */, ActH x, float *y /* (T, ldy) */,
                   int ldy, const float *bias /* (n_out) or NULL */, int T, int n_in, int n_out,
                   int accumulate) {
     __shared__ float xs[SG_K][SG_T + 1], ws[SG_K][SG_N + 1];
@@ -5294,7 +5342,7 @@ matmul_f32_kernel(const uint8_t *W /* (n_out, n_in) */, ActH x, float *y /* (T, 
         for (int i = threadIdx.x; i < SG_T * SG_K; i += blockDim.x) {
             int r = i / SG_K, k = i % SG_K, t = t0 + r, n = n0 + r;
             xs[k][r] = t < T ? x.f[(size_t)t * x.ld + k0 + k] : 0.0f;
-            ws[k][r] = n < n_out ? wf<TYPE>(W, (size_t)n * n_in + k0 + k) : 0.0f;
+            ws[k][r] = n < n_out ? W[(size_t)n * n_in + k0 + k] : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -5808,7 +5856,7 @@ static int mm_resident(int type);
 // Plan the prefill for the model and -b (gpu_state_carve then sizes its buffers): off (n_batch 0)
 // for -b 1, when an input width is not a multiple of 32 (the product's tiles walk whole 32-weight
 // units), or for heads wider than 256 (the batched attention's warps hold half a head each, 8
-// fragments of 16: prompts then go token by token); fp32 rows when a product has float weights.
+// fragments of 16: prompts then go token by token); fp32 rows when a product has F32 weights.
 static void prefill_plan(GpuState *s, Model *m) {
     const Config *c = &m->c;
     s->n_batch = g_n_batch > 1 ? g_n_batch : 0;
@@ -5826,7 +5874,7 @@ static void prefill_plan(GpuState *s, Model *m) {
             n = N_LAYER_PRODUCTS;
         }
         for (int i = 0; i < n; i++)
-            if (list[i]->name && is_float_weight(list[i]->type)) s->f32_rows = 1;
+            if (list[i]->name && list[i]->type == GGML_TYPE_F32) s->f32_rows = 1;
     }
 }
 
@@ -6108,6 +6156,40 @@ static void step_order_plan(Model *m) {
     step_order_group(1, &out);
 }
 
+// flag[0] = 1 when one of the n BF16 values w is 2^16 or more in magnitude (or inf, nan): bits
+// 0x4780 = 2^16 and up, which the prefill product's fp16 tiles cannot hold (section 8's header).
+// (No C twin: a check of the file's bits, not model math; test_gpu_bf16_range runs it on a file.)
+__global__ void bf16_past_f16_kernel(const uint16_t *w /* (n) */, size_t n, int *flag) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        if ((w[i] & 0x7fff) >= 0x4780) *flag = 1;
+}
+
+// Does a BF16 product weight of the model (uploaded) lie past fp16's range?
+static int bf16_past_f16(const Model *m, cudaStream_t st) {
+    int *flag, past = 0;
+    CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+    CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), st));
+    for (int l = 0; l <= m->c.n_layer; l++) { // the layers' products, then the output matrix
+        const Tensor *list[N_LAYER_PRODUCTS] = {&m->w.output};
+        int n = 1;
+        if (l < m->c.n_layer) {
+            layer_products(&m->w.layers[l], list);
+            n = N_LAYER_PRODUCTS;
+        }
+        for (int i = 0; i < n; i++)
+            if (list[i]->name && list[i]->type == GGML_TYPE_BF16) {
+                bf16_past_f16_kernel<<<1024, 256, 0, st>>>((const uint16_t *)list[i]->dev,
+                                                           list[i]->nbytes / 2, flag);
+                KERNEL_CHECK();
+            }
+    }
+    CUDA_CHECK(cudaMemcpyAsync(&past, flag, sizeof(int), cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    CUDA_CHECK(cudaFree(flag));
+    return past;
+}
+
 // Copy every weight the GPU needs into one device allocation, through a pinned staging buffer
 // (two halves, so reading the file overlaps the copy to the card). The fast types are copied
 // into a device staging buffer first, from which repack_kernel writes their plane layout into
@@ -6181,6 +6263,11 @@ static void upload_weights(Model *m, GpuState *s) {
             m->w.token_embd.dev = t->dev;
     }
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    if (s->n_batch && bf16_past_f16(m, s->stream)) {
+        s->n_batch = 0;
+        fprintf(stderr, "note: a BF16 weight is past fp16's range (2^16 or more): prompts go token "
+                        "by token\n");
+    }
     size_t fr, tot;
     CUDA_CHECK(cudaMemGetInfo(&fr, &tot)); // the peak: weights, run state and staging all allocated
     s->peak_used = tot - fr;
@@ -6562,7 +6649,7 @@ static int mm_resident(int type) {
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, MM_SMEM));        \
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[TY], matmul_kernel<TY>,       \
                                                              MM_THREADS, MM_SMEM))
-        for (int t = 0; t < GGML_TYPE_COUNT; t++) FAST_TYPE_SWITCH(t, OPT_IN)
+        for (int t = 0; t < GGML_TYPE_COUNT; t++) MM_TYPE_SWITCH(t, OPT_IN)
 #undef OPT_IN
     }
     if (type < 0) { // the most over all types: what s->bpart is sized for
@@ -6573,10 +6660,10 @@ static int mm_resident(int type) {
     return n_sm * (per_sm[type] > 0 ? per_sm[type] : 1);
 }
 
-// The tensor-core product of weights w (planes of a fast type): matmul_kernel on a
-// grid of the blocks that fit on the GPU (no more than there are steps, nor than s->bpart has slots
-// for), then matmul_fixup_kernel for the tiles cut between blocks.
-static void matmul_tc(int type, const uint8_t *w /* planes (NB sub-blocks) */,
+// The tensor-core product of weights w (planes of a fast type, or F16 or BF16 rows): matmul_kernel
+// on a grid of the blocks that fit on the GPU (no more than there are steps, nor than s->bpart has
+// slots for), then matmul_fixup_kernel for the tiles cut between blocks.
+static void matmul_tc(int type, const uint8_t *w /* planes or rows (NB sub-blocks) */,
                       size_t NB, StepOrder so, const ActH *x, int T, float *y /* (T, ldy) */,
                       int ldy, const float *bias /* (n_out) or NULL */, int n_in, int n_out,
                       int accumulate, GpuState *s) {
@@ -6592,11 +6679,11 @@ static void matmul_tc(int type, const uint8_t *w /* planes (NB sub-blocks) */,
     if (G > (long long)(s->part_elems / (2 * MM_SLOT)))
         G = (long long)(s->part_elems / (2 * MM_SLOT));
     if (G < 1) G = 1; // one block cuts no tile: part is never written
-    if (!is_fast_type(type)) die("matmul_tc: type %s", type_name(type));
+    if (!is_mm_type(type)) die("matmul_tc: type %s", type_name(type));
 #define MM(TY)                                                                                     \
     matmul_kernel<TY><<<(unsigned)G, MM_THREADS, MM_SMEM, st>>>(w, NB, so, *x, y, s->bpart, ldy,   \
                                                                 bias, T, n_in, n_out, accumulate)
-    FAST_TYPE_SWITCH(type, MM)
+    MM_TYPE_SWITCH(type, MM)
 #undef MM
     KERNEL_CHECK();
     if (G > 1) {
@@ -6606,29 +6693,23 @@ static void matmul_tc(int type, const uint8_t *w /* planes (NB sub-blocks) */,
     }
 }
 
-// y (T, ldy) (+)= x W^T (+ bias) for T rows. Float weights: the fp32 product; quantized weights,
-// in planes: the tensor-core product.
+// y (T, ldy) (+)= x W^T (+ bias) for T rows. F32 weights: the fp32 product; the rest (planes of
+// the quantized types, rows of F16 and BF16): the tensor-core product.
 static void matmul(const Tensor *W, const ActH *x, int T, float *y /* (T, ldy) */, int ldy,
                    const float *bias /* (n_out) or NULL */, int accumulate, GpuState *s) {
     cudaStream_t st = s->stream;
     int n_in = (int)W->n_in, n_out = (int)W->n_out;
     const uint8_t *w = (const uint8_t *)W->dev;
-    if (is_float_weight(W->type)) {
-        if (!x->f) die("prefill: float weight '%s' but no fp32 rows", W->name);
+    if (W->type == GGML_TYPE_F32) {
+        if (!x->f) die("prefill: F32 weight '%s' but no fp32 rows", W->name);
         dim3 grid((unsigned)((T + SG_T - 1) / SG_T), (unsigned)((n_out + SG_N - 1) / SG_N));
-        if (W->type == GGML_TYPE_F32)
-            matmul_f32_kernel<GGML_TYPE_F32>
-                <<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
-        if (W->type == GGML_TYPE_F16)
-            matmul_f32_kernel<GGML_TYPE_F16>
-                <<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
-        if (W->type == GGML_TYPE_BF16)
-            matmul_f32_kernel<GGML_TYPE_BF16>
-                <<<grid, 256, 0, st>>>(w, *x, y, ldy, bias, T, n_in, n_out, accumulate);
+        matmul_f32_kernel<<<grid, 256, 0, st>>>((const float *)w, *x, y, ldy, bias, T, n_in,
+                                                n_out, accumulate);
         KERNEL_CHECK();
         return;
     }
-    if (!W->planes) die("prefill: weight '%s' (%s) is not in planes", W->name, type_name(W->type));
+    if (!W->planes && !is_float_weight(W->type))
+        die("prefill: weight '%s' (%s) is not in planes", W->name, type_name(W->type));
     size_t NB = (size_t)n_out * (n_in / 32);
     matmul_tc(W->type, w, NB, W->so, x, T, y, ldy, bias, n_in, n_out, accumulate, s);
 }

@@ -249,17 +249,17 @@ int main(int argc, char **argv) {
         {"q4_1", GGML_TYPE_Q4_1, 3},      {"q5_0", GGML_TYPE_Q5_0, 8},
         {"q5_1", GGML_TYPE_Q5_1, 9},      {"f16", GGML_TYPE_F16, 1},
         {"bf16", GGML_TYPE_BF16, 32},     {"q5_k_m", GGML_TYPE_Q5_K, 17},
-        {"q6_k", GGML_TYPE_Q6_K, 18}};
+        {"q6_k", GGML_TYPE_Q6_K, 18},     {"f32", GGML_TYPE_F32, 0}};
     int mix = -1;
     for (int i = 0; i < (int)(sizeof MIXES / sizeof MIXES[0]); i++)
         if (!strcmp(ftype_s, MIXES[i].name)) mix = i;
     if (mix < 0) die("--ftype must be one of q4_0 iq4_xs iq4_nl q8_0 q4_k_m q4_k_s q5_k_m q6_k q4_1 "
-                     "q5_0 q5_1 f16 bf16");
+                     "q5_0 q5_1 f16 bf16 f32");
     int is_iq4 = is_iq4_type(MIXES[mix].base);
     int is_k = MIXES[mix].base == GGML_TYPE_Q4_K || MIXES[mix].base == GGML_TYPE_Q5_K;
     // the K-quant _M mixes (their "more bits" layers) and Q4_K_S
     int is_km = is_k && !strcmp(ftype_s + strlen(ftype_s) - 2, "_m"), is_ks = is_k && !is_km;
-    int is_float = MIXES[mix].base == GGML_TYPE_F16 || MIXES[mix].base == GGML_TYPE_BF16;
+    int is_float = is_float_weight(MIXES[mix].base);
     int n_layer = layers > 0 && layers < P->n_layer ? layers : P->n_layer;
     int E = P->n_embd, F = P->n_ff, hd = P->head_dim, V = P->n_vocab;
     int q35 = !strcmp(P->arch, "qwen35"), q2 = !strcmp(P->arch, "qwen2");

@@ -1166,8 +1166,8 @@ static void test_models(int use_gpu) {
             int V = m.c.n_vocab;
             float *tok = use_gpu ? (float *)xmalloc((size_t)SEQS[s].n * V * 4, "a test") : NULL;
             SeqResult r = run_seq(&e, &SEQS[s], ref, rn, tok);
-            if (use_gpu && r.ok) {
-                double tol = is_float_type(mf[i].type) ? 5e-5 : 1e-3;
+            if (use_gpu && r.ok) { // fp16 operands in the products but for F32's (qwen.cu section 8)
+                double tol = !strcmp(mf[i].type, "f32") ? 5e-5 : 1e-3;
                 for (int b = 0; b < 2; b++) {
                     double kr, kt, t1;
                     run_seq_prompt(b ? &eb : &e, &SEQS[s], ref, tok, &kr, &kt, &t1);
@@ -4693,7 +4693,7 @@ static void test_gpu_matmul(void) {
         snprintf(name, sizeof name, "gpu prefill product %s vs matmul_c (6 shapes, bias, accumulate, tiles cut between blocks): |d|/sum|wx|",
                  type_name(type));
         snprintf(name2, sizeof name2, "gpu prefill product %s vs fp32 operands%s: |d|/sum|wx|", type_name(type),
-                 is_float_weight(type) ? "" : " (fp16 rounding)");
+                 type == GGML_TYPE_F32 ? "" : " (fp16 rounding)");
         if (!HAVE_GPU) { skip(name, "no GPU"); skip(name2, "no GPU"); continue; }
         double worst = 0, worst_exact = 0;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -4750,9 +4750,46 @@ static void test_gpu_matmul(void) {
             free(w); free(x); free(xs); free(X); free(bias); free(y0); free(ref); free(got); free(row); free(scale);
         }
         report(worst <= 1e-5, name, worst, 1e-5);
-        double tol2 = is_float_weight(type) ? 1e-5 : 2e-3; // float weights: fp32 all the way
+        double tol2 = type == GGML_TYPE_F32 ? 1e-5 : 2e-3; // F32 weights: fp32 all the way
         report(worst_exact <= tol2, name2, worst_exact, tol2);
     }
+}
+
+// A BF16 weight of 2^16 or more cannot enter the prefill product's fp16 tiles: the upload finds it
+// and the engine sends prompts token by token. One weight of tiny-qwen3-bf16's ffn_down set to
+// 2^16 (bits 0x4780) turns the batched path off; set to 65280 (0x477f, the largest BF16 below
+// 2^16, exact in fp16) it stays on, as in the unchanged file.
+static void test_gpu_bf16_range(void) {
+    const char *name = "gpu prefill: a BF16 weight of 2^16 turns the batched path off, 65280 keeps it (n_batch)";
+    if (!HAVE_GPU) { skip(name, "no GPU"); return; }
+    char path[600], tmp[700];
+    snprintf(path, sizeof path, "%s/tiny-qwen3/tiny-qwen3-bf16.gguf", DATA);
+    if (!need_fixture(path, name)) return;
+    size_t len;
+    uint8_t *file = (uint8_t *)read_file(path, &len);
+    Model m;
+    model_open(&m, path);
+    const Tensor *W = &m.w.layers[0].w_down;
+    size_t off = (size_t)(W->host - m.gguf.base) + 2 * 7; // the 8th weight of its first row
+    gguf_close(&m.gguf);
+    const uint16_t bits[3] = {0, 0x4780, 0x477f}; // 0: the file as it is
+    int n_batch[3];
+    snprintf(tmp, sizeof tmp, "%s/bf16_range.gguf", TMP);
+    for (int k = 0; k < 3; k++) {
+        if (k) memcpy(file + off, &bits[k], 2);
+        write_file(tmp, file, len);
+        model_open(&m, tmp);
+        Engine e;
+        engine_init(&e, &m, 1, 512);
+        n_batch[k] = e.gpu.n_batch;
+        engine_free(&e);
+        gguf_close(&m.gguf);
+    }
+    unlink(tmp);
+    free(file);
+    check(n_batch[0] == 512 && n_batch[1] == 0 && n_batch[2] == 512, name);
+    if (!(n_batch[0] == 512 && n_batch[1] == 0 && n_batch[2] == 512))
+        printf("     n_batch: file %d, 2^16 %d, 65280 %d\n", n_batch[0], n_batch[1], n_batch[2]);
 }
 
 // Causal attention over a batch: every row t against attention_c at position pos0 + t
@@ -5046,6 +5083,7 @@ int main(int argc, char **argv) {
     test_gpu_deltanet();
     test_gpu_deltanet_rows();
     test_gpu_matmul();
+    test_gpu_bf16_range();
     test_gpu_step_order();
     test_gpu_attention_prefill();
     test_gpu_prefill_rows();
