@@ -2904,13 +2904,14 @@ static int mix_kind(const int *types, int n) {
 // Speed: F32, F16 and BF16 weights (the exact reference files) keep fp32 inputs and the file's
 // layout; on the simple mat-vec (6.1) each lane reads its own 32-weight unit, 64 or 128 bytes from
 // its neighbour's, element by element. Here the 32 lanes of a warp read 16-byte vectors side by
-// side (512 contiguous bytes a load) for FLOAT_ROWS rows at once, so that every x vector a lane
-// loads serves those rows, and FLOAT_AHEAD vectors of each row are loaded before any is used, so
-// that a warp has that many bytes in flight (test/PERF_NOTES.md, "Fast types for the files people
-// download", "Float weights"). Rows whose length is not a multiple of a vector stay on 6.1.
-// C twin: matvec_c.
-#define FLOAT_ROWS 2  // rows per warp
-#define FLOAT_AHEAD 2 // 16-byte vectors of each row a lane loads before it multiplies
+// side (512 contiguous bytes a load), and each lane loads FLOAT_AHEAD vectors before it multiplies
+// any, so that a warp has 2 KB in flight: what keeps a stream of reads near the memory's bandwidth
+// is the bytes in flight. A warp may take several rows (FLOAT_ROWS), each x vector then serving
+// all of them; one row and 4 vectors ahead measured fastest (test/PERF_NOTES.md, "Float weights"
+// and "Fast types for the files people download"). Rows whose length is not a multiple of a
+// vector stay on 6.1. C twin: matvec_c.
+#define FLOAT_ROWS 1  // rows per warp
+#define FLOAT_AHEAD 4 // 16-byte vectors of each row a lane loads before it multiplies
 
 // The 16-byte vector v of a float row as fp32: 4 (F32) or 8 (F16, BF16) values into w.
 template <int TYPE> __device__ __forceinline__ void float_vec(const int4 &v, float *w) {
@@ -5059,11 +5060,10 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_BF16>(const WRaw 
 // (two 32-weight units). A step stages the tile's X (fp16 rows) and W (decoded here, one unit per
 // thread, so the two threads of a row read one contiguous piece of the planes, 32 bytes (Q8_0: 64,
 // F16 and BF16: 128 bytes of the row); X in 16-byte chunks, four whole rows per warp load) in
-// shared memory, and the 8 warps multiply
-// them with WMMA, each warp owning 64 tokens x 32 rows (4 x 2 fragments of 16x16 fp32
-// accumulators). The next step's bytes are loaded into registers before the tensor cores work on
-// the current step and are decoded and stored to the other half of a double buffer after: one
-// barrier per step.
+// shared memory, and the 8 warps multiply them with WMMA, each warp owning 64 tokens x 32 rows
+// (4 x 2 fragments of 16x16 fp32 accumulators). The next step's bytes are loaded into registers
+// before the tensor cores work on the current step and are decoded and stored to the other half of
+// a double buffer after: one barrier per step.
 //
 // Work split ("stream-K"). A grid of whole tiles rarely fills the GPU evenly: a 512-token prompt
 // through a 17408-row weight is 544 tiles, 2.06 waves of the H200's 264 resident blocks, so the
