@@ -938,7 +938,8 @@ static int type_supported(int t) {
 }
 
 // F32, F16 and BF16: the float types, whose mat-vecs keep fp32 inputs (6.1, 6.4c); in the
-// prompt's batched products F32 does too (section 8's header says why).
+// prompt's batched products F32 does too (section 8's header: its weights have more precision than
+// fp16's, and may lie past its range).
 static int is_float_weight(int type) {
     return type == GGML_TYPE_F32 || type == GGML_TYPE_F16 || type == GGML_TYPE_BF16;
 }
@@ -2319,17 +2320,6 @@ static int is_iq4_type(int t) { return t == GGML_TYPE_IQ4_NL || t == GGML_TYPE_I
     case GGML_TYPE_Q5_K: LAUNCH(GGML_TYPE_Q5_K); break;         \
     case GGML_TYPE_Q6_K: LAUNCH(GGML_TYPE_Q6_K); break;         \
     }
-// The types of the prefill's tensor-core product (section 8): the fast types, and F16 and BF16,
-// whose rows the product reads as they are.
-static int is_mm_type(int t) {
-    return is_fast_type(t) || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
-}
-#define MM_TYPE_SWITCH(type, LAUNCH)                            \
-    switch (type) {                                             \
-    case GGML_TYPE_F16: LAUNCH(GGML_TYPE_F16); break;           \
-    case GGML_TYPE_BF16: LAUNCH(GGML_TYPE_BF16); break;         \
-    default: FAST_TYPE_SWITCH(type, LAUNCH)                     \
-    }
 
 // The qs plane entry (16 bytes) of sub-block `sub` of a Q4_K or Q5_K super-block: the file keeps
 // sub-blocks 2c and 2c+1 in the low and high nibbles of qs[32c .. 32c+31].
@@ -2904,12 +2894,13 @@ static int mix_kind(const int *types, int n) {
 // Speed: F32, F16 and BF16 weights (the exact reference files) keep fp32 inputs and the file's
 // layout; on the simple mat-vec (6.1) each lane reads its own 32-weight unit, 64 or 128 bytes from
 // its neighbour's, element by element. Here the 32 lanes of a warp read 16-byte vectors side by
-// side (512 contiguous bytes a load), and each lane loads FLOAT_AHEAD vectors before it multiplies
-// any, so that a warp has 2 KB in flight: what keeps a stream of reads near the memory's bandwidth
-// is the bytes in flight. A warp may take several rows (FLOAT_ROWS), each x vector then serving
-// all of them; one row and 4 vectors ahead measured fastest (test/PERF_NOTES.md, "Float weights"
-// and "Fast types for the files people download"). Rows whose length is not a multiple of a
-// vector stay on 6.1. C twin: matvec_c.
+// side (512 contiguous bytes a load), and each lane loads FLOAT_AHEAD vectors of each of its
+// FLOAT_ROWS rows before it multiplies any, so that a warp has FLOAT_ROWS x FLOAT_AHEAD x 512
+// bytes in flight (2 KB as set): what keeps a stream of reads near the memory's bandwidth is the
+// bytes in flight. With several rows a warp, each x vector would serve all of them; one row and 4
+// vectors ahead measured fastest (test/PERF_NOTES.md, "Float weights" and
+// "Fast types for the files people download"). Rows whose length is not a multiple of a vector
+// stay on 6.1. C twin: matvec_c.
 #define FLOAT_ROWS 1  // rows per warp
 #define FLOAT_AHEAD 4 // 16-byte vectors of each row a lane loads before it multiplies
 
@@ -4723,11 +4714,12 @@ static void ffn_gate_up(const Tensor *G, const Tensor *U, const Act *in, Act *h 
 // at 65504), and the scaling itself is exact. The product's epilogue multiplies row t by s[t].
 //
 // Float weights. F16 weights enter the tiles as they are. A BF16 weight (8 bits of precision) is
-// exact in fp16 (11 bits) wherever fp16 has normal numbers, 2^-14 <= |w| <= 65504; below 2^-14
-// fp16 rounds it to a multiple of 2^-24, an absolute error of at most 2^-25, and from 2^16 up it
-// would overflow: a BF16 file with such a weight (the upload looks; no released model has one)
-// sends its prompts token by token. F32 weights (the exact fp32 reference files) are the
-// exception: their products run in fp32 on the CUDA cores from an fp32 copy of the rows (ActH.f).
+// exact in fp16 (11 bits) for 2^-17 <= |w| <= 65280 (fp16's subnormals, multiples of 2^-24, still
+// hold 8 bits down to 2^-17); below, fp16 rounds it to a multiple of 2^-24, an absolute error of
+// at most 2^-25, and from 2^16 up it would overflow: a BF16 file with such a weight (the upload
+// looks; no released model has one) sends its prompts token by token. F32 weights (the exact fp32
+// reference files) are the exception: 24 bits of precision, and a range past fp16's, so their
+// products run in fp32 on the CUDA cores from an fp32 copy of the rows (ActH.f).
 // The fp16 activations cost some exactness against the token-by-token path (whose inputs stay
 // fp32 for the float types), which is why --dump-logits goes token by token unless -b is given.
 
@@ -4756,8 +4748,8 @@ __host__ __device__ static float row_scale(float amax) {
 // The 32 weights of unit u of a weight row as fp16 (the C twin: mm_weight_row), in two steps so
 // that the product can have the loads of the next tile in flight while it multiplies the current
 // one:
-//   w_load<TYPE>(W, g, NB) -> WRaw   the unit's bytes: its quants (16 bytes; Q8_0: 32), the scales
-//                                     (F16, BF16: the 64 bytes of its values)
+//   w_load<TYPE>(W, g, NB) -> WRaw   the unit's bytes: its quants (16 bytes; Q8_0: 32) and its
+//                                     scales; F16, BF16: the 64 bytes of its 32 values
 //   w_decode<TYPE>(raw, out)          32 fp16 weights
 // from the planes (layout in 6.3) at sub-block g, the plane index of (row, u): row * n_sub + u, or
 // its step-order slot (plane_g); F16 and BF16 from the file's rows, where unit g = row * n_sub + u
@@ -4779,7 +4771,8 @@ __host__ __device__ static float row_scale(float amax) {
 // sub-block's 32 weights, and rounding it to fp16 first multiplies the error (test/PERF_NOTES.md,
 // "Design record").
 
-// q: quants (Q8_0: and f), e: scales; F16 and BF16: values 0..7 in q, 8..15 in e, then f, h
+// q: quants (Q8_0: and f), e: scales; F16 and BF16: values 0..7 in q, 8..15 in e, 16..23 in f,
+// 24..31 in h
 typedef struct { uint4 q, e, f, h; } WRaw;
 
 template <int TYPE>
@@ -5147,13 +5140,25 @@ __device__ __forceinline__ void mm_store_piece(const FragAcc (&acc)[4][2], float
         }
 }
 
+// The types of matmul_kernel: the fast types, and F16 and BF16, whose rows it reads as they are.
+// MM_TYPE_SWITCH: FAST_TYPE_SWITCH (6.3) with these two.
+static int is_mm_type(int t) {
+    return is_fast_type(t) || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
+}
+#define MM_TYPE_SWITCH(type, LAUNCH)                            \
+    switch (type) {                                             \
+    case GGML_TYPE_F16: LAUNCH(GGML_TYPE_F16); break;           \
+    case GGML_TYPE_BF16: LAUNCH(GGML_TYPE_BF16); break;         \
+    default: FAST_TYPE_SWITCH(type, LAUNCH)                     \
+    }
+
 // Two blocks per SM: at most 128 registers per thread. (A V100 holds one 72 KB block per SM anyway;
 // there the bound costs its native sm_70 code some spills.) C twin: matmul_c.
 template <int TYPE>
 __global__ void __launch_bounds__(MM_THREADS, 2)
-matmul_kernel(const uint8_t *W, // weights in planes (6.3)
-              size_t NB,        // sub-blocks in the planes
-              StepOrder so,     // the planes' order (6.7)
+matmul_kernel(const uint8_t *W, // weights in planes (6.3), or the rows of F16 and BF16
+              size_t NB,        // 32-weight sub-blocks (units) in W
+              StepOrder so,     // the planes' order (6.7); row by row (upw 0) for F16, BF16
               ActH x,           // (T, x.ld) input rows
               float *y,         // (T, ldy) output
               float *part,      // (gridDim.x, 2, MM_TT, MM_TN) partial sums of cut tiles
@@ -5180,8 +5185,9 @@ matmul_kernel(const uint8_t *W, // weights in planes (6.3)
     int t0, n0, n;
     // this thread's X chunks of the next step to fetch (rows + 32 i), moved on by fetch
     const uint4 *xp[4];
-    // the plane index of unit u of row n (plane_g): the 32 units of a chunk lie side by side in
-    // either order, so only a new chunk's place is computed (in step order: divisions)
+    // the plane index of unit u of row n (plane_g; F16, BF16: row * n_sub + u): the 32 units of a
+    // chunk lie side by side in either order, so only a new chunk's place is computed (in step
+    // order: divisions)
     int g_chunk = -1;
     size_t g_base = 0;
     auto plane_index = [&](int u) -> size_t {
@@ -5808,10 +5814,11 @@ typedef struct {
     float *h_logits;       // pinned host (n_vocab): logits on their way down
     cudaGraphExec_t graph; // the captured forward pass, or NULL before capture
     // prefill (section 8): a batch of up to n_batch prompt rows through each layer at once
-    int n_batch;           // -b; 0 when the model's shapes rule the batched path out
+    int n_batch;           // -b; 0 when the model's shapes (prefill_plan) or a BF16 weight past
+                           // fp16's range (upload_weights) rule the batched path out
     int n_logit_rows;      // rows of logits one batched pass returns at most
     size_t batch_bytes;    // the buffers below
-    int f32_rows;          // some product has float weights: bxh carries fp32 rows too
+    int f32_rows;          // some product has F32 weights: bxh carries fp32 rows too
     float *bx;             // (n_batch, n_embd) residual stream rows
     ActH bxh;              // (n_batch, ld) fp16 input rows of the next product, ld = widest input
     float *bq;             // (n_batch, n_head*hd) q, roped (in place, or out of bqg for qwen35)
@@ -5857,6 +5864,7 @@ static int mm_resident(int type);
 // for -b 1, when an input width is not a multiple of 32 (the product's tiles walk whole 32-weight
 // units), or for heads wider than 256 (the batched attention's warps hold half a head each, 8
 // fragments of 16: prompts then go token by token); fp32 rows when a product has F32 weights.
+// (upload_weights may still turn it off: a BF16 weight past fp16's range, section 8's header.)
 static void prefill_plan(GpuState *s, Model *m) {
     const Config *c = &m->c;
     s->n_batch = g_n_batch > 1 ? g_n_batch : 0;
@@ -6165,25 +6173,20 @@ __global__ void bf16_past_f16_kernel(const uint16_t *w /* (n) */, size_t n, int 
         if ((w[i] & 0x7fff) >= 0x4780) *flag = 1;
 }
 
-// Does a BF16 product weight of the model (uploaded) lie past fp16's range?
-static int bf16_past_f16(const Model *m, cudaStream_t st) {
-    int *flag, past = 0;
+// Does a BF16 weight of the n uploaded tensors list lie past fp16's range? (Only the products'
+// matter; the norms and biases, F32 in every released file, are looked at too, for simplicity.)
+static int bf16_past_f16(Tensor *const *list, int n, cudaStream_t st) {
+    int any = 0, *flag, past = 0;
+    for (int i = 0; i < n; i++) any |= list[i]->type == GGML_TYPE_BF16;
+    if (!any) return 0;
     CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
     CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), st));
-    for (int l = 0; l <= m->c.n_layer; l++) { // the layers' products, then the output matrix
-        const Tensor *list[N_LAYER_PRODUCTS] = {&m->w.output};
-        int n = 1;
-        if (l < m->c.n_layer) {
-            layer_products(&m->w.layers[l], list);
-            n = N_LAYER_PRODUCTS;
+    for (int i = 0; i < n; i++)
+        if (list[i]->type == GGML_TYPE_BF16) {
+            bf16_past_f16_kernel<<<1024, 256, 0, st>>>((const uint16_t *)list[i]->dev,
+                                                       list[i]->nbytes / 2, flag);
+            KERNEL_CHECK();
         }
-        for (int i = 0; i < n; i++)
-            if (list[i]->name && list[i]->type == GGML_TYPE_BF16) {
-                bf16_past_f16_kernel<<<1024, 256, 0, st>>>((const uint16_t *)list[i]->dev,
-                                                           list[i]->nbytes / 2, flag);
-                KERNEL_CHECK();
-            }
-    }
     CUDA_CHECK(cudaMemcpyAsync(&past, flag, sizeof(int), cudaMemcpyDeviceToHost, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
     CUDA_CHECK(cudaFree(flag));
@@ -6263,7 +6266,7 @@ static void upload_weights(Model *m, GpuState *s) {
             m->w.token_embd.dev = t->dev;
     }
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
-    if (s->n_batch && bf16_past_f16(m, s->stream)) {
+    if (s->n_batch && bf16_past_f16(list, n, s->stream)) {
         s->n_batch = 0;
         fprintf(stderr, "note: a BF16 weight is past fp16's range (2^16 or more): prompts go token "
                         "by token\n");
@@ -6708,8 +6711,10 @@ static void matmul(const Tensor *W, const ActH *x, int T, float *y /* (T, ldy) *
         KERNEL_CHECK();
         return;
     }
-    if (!W->planes && !is_float_weight(W->type))
-        die("prefill: weight '%s' (%s) is not in planes", W->name, type_name(W->type));
+    // quantized weights in planes; F16, BF16 row by row (their upload never reorders them)
+    if (is_fast_type(W->type) ? !W->planes : W->so.upw != 0)
+        die("prefill: weight '%s' (%s) is not in the product's layout", W->name,
+            type_name(W->type));
     size_t NB = (size_t)n_out * (n_in / 32);
     matmul_tc(W->type, w, NB, W->so, x, T, y, ldy, bias, n_in, n_out, accumulate, s);
 }
@@ -7650,7 +7655,10 @@ static void bench_prompt(const Model *m, int *toks /* (512) */) {
 static void bench_prefill(const Model *m, GpuState *s) {
     const int P = 512;
     if (s->n_batch < P) {
-        printf("\nprefill: pp512 needs -b 512 or more (-b %d)\n", s->n_batch);
+        if (s->n_batch == 0 && g_n_batch >= P) // prefill_plan or upload_weights turned it off
+            printf("\nprefill: no batched pass for this model (its prompts go token by token)\n");
+        else
+            printf("\nprefill: pp512 needs -b 512 or more (-b %d)\n", g_n_batch);
         return;
     }
     int toks[512];

@@ -20,7 +20,7 @@
 //   q5_k_m: as q4_k_m, with Q5_K in place of Q4_K
 //   q6_k:   every 2-D weight Q6_K
 //   q4_1, q5_0, q5_1: every 2-D weight of that type, output.weight Q6_K
-//   f16, bf16: every 2-D weight of that type, output.weight too
+//   f16, bf16, f32: every 2-D weight of that type, output.weight too
 // 1-D tensors, norms and ssm_conv1d stay F32. The files carry everything llama.cpp's loader reads,
 // so the same file can be timed in both engines.
 //

@@ -1167,7 +1167,7 @@ static void test_models(int use_gpu) {
             float *tok = use_gpu ? (float *)xmalloc((size_t)SEQS[s].n * V * 4, "a test") : NULL;
             SeqResult r = run_seq(&e, &SEQS[s], ref, rn, tok);
             if (use_gpu && r.ok) { // fp16 operands in the products but for F32's (qwen.cu section 8)
-                double tol = !strcmp(mf[i].type, "f32") ? 5e-5 : 1e-3;
+                double tol = !strcmp(mf[i].type, "f32") ? 5e-5 : is_float_type(mf[i].type) ? 2e-4 : 1e-3;
                 for (int b = 0; b < 2; b++) {
                     double kr, kt, t1;
                     run_seq_prompt(b ? &eb : &e, &SEQS[s], ref, tok, &kr, &kt, &t1);
@@ -4756,28 +4756,54 @@ static void test_gpu_matmul(void) {
 }
 
 // A BF16 weight of 2^16 or more cannot enter the prefill product's fp16 tiles: the upload finds it
-// and the engine sends prompts token by token. One weight of tiny-qwen3-bf16's ffn_down set to
-// 2^16 (bits 0x4780) turns the batched path off; set to 65280 (0x477f, the largest BF16 below
-// 2^16, exact in fp16) it stays on, as in the unchanged file.
+// and the engine sends prompts token by token. The kernel alone on 2^20 values (4x its grid of
+// threads) with the last one planted: -2^16 and inf are found, -65280 (the largest BF16 below 2^16,
+// exact in fp16) is not. Then tiny-qwen3-bf16 with one weight changed: 2^16 in layer 0's ffn_down or
+// -2^16 as the output matrix's last value turns the batched path off; 65280 keeps it on, as in the
+// unchanged file.
 static void test_gpu_bf16_range(void) {
-    const char *name = "gpu prefill: a BF16 weight of 2^16 turns the batched path off, 65280 keeps it (n_batch)";
-    if (!HAVE_GPU) { skip(name, "no GPU"); return; }
+    const char *name = "gpu prefill: bf16_past_f16_kernel on 2^20 values: the last one -2^16 or inf found, -65280 not";
+    const char *name2 = "gpu prefill: a BF16 weight of +-2^16 (layer 0, output) turns the batched path off, 65280 keeps it (n_batch)";
+    if (!HAVE_GPU) { skip(name, "no GPU"); skip(name2, "no GPU"); return; }
+    const size_t N = 1 << 20;
+    uint16_t *h = (uint16_t *)xmalloc(N * 2, "a test");
+    for (size_t i = 0; i < N; i++) h[i] = 0x3f80; // 1.0
+    const uint16_t last[3] = {0xc780, 0x7f80, 0xc77f};
+    int found[3], *dflag;
+    uint16_t *dw;
+    CUDA_CHECK(cudaMalloc(&dw, N * 2));
+    CUDA_CHECK(cudaMalloc(&dflag, sizeof(int)));
+    for (int k = 0; k < 3; k++) {
+        h[N - 1] = last[k];
+        CUDA_CHECK(cudaMemcpy(dw, h, N * 2, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemset(dflag, 0, sizeof(int)));
+        bf16_past_f16_kernel<<<1024, 256>>>(dw, N, dflag);
+        CUDA_CHECK(cudaMemcpy(&found[k], dflag, sizeof(int), cudaMemcpyDeviceToHost));
+    }
+    cudaFree(dw); cudaFree(dflag); free(h);
+    check(found[0] == 1 && found[1] == 1 && found[2] == 0, name);
     char path[600], tmp[700];
     snprintf(path, sizeof path, "%s/tiny-qwen3/tiny-qwen3-bf16.gguf", DATA);
-    if (!need_fixture(path, name)) return;
+    if (!need_fixture(path, name2)) return;
     size_t len;
     uint8_t *file = (uint8_t *)read_file(path, &len);
     Model m;
     model_open(&m, path);
-    const Tensor *W = &m.w.layers[0].w_down;
-    size_t off = (size_t)(W->host - m.gguf.base) + 2 * 7; // the 8th weight of its first row
+    const Tensor *D = &m.w.layers[0].w_down, *O = &m.w.output;
+    size_t off_d = (size_t)(D->host - m.gguf.base) + 2 * 7, // the 8th weight of its first row
+        off_o = (size_t)(O->host - m.gguf.base) + O->nbytes - 2; // the last weight
+    int types_ok = D->type == GGML_TYPE_BF16 && O->type == GGML_TYPE_BF16;
     gguf_close(&m.gguf);
-    const uint16_t bits[3] = {0, 0x4780, 0x477f}; // 0: the file as it is
-    int n_batch[3];
+    // the file as it is; 2^16 in ffn_down; -2^16 at the output's end; 65280 in ffn_down
+    const size_t off[4] = {0, off_d, off_o, off_d};
+    const uint16_t bits[4] = {0, 0x4780, 0xc780, 0x477f};
+    int n_batch[4];
     snprintf(tmp, sizeof tmp, "%s/bf16_range.gguf", TMP);
-    for (int k = 0; k < 3; k++) {
-        if (k) memcpy(file + off, &bits[k], 2);
-        write_file(tmp, file, len);
+    for (int k = 0; k < 4; k++) {
+        uint8_t *copy = (uint8_t *)memcpy(xmalloc(len, "a test"), file, len);
+        if (k) memcpy(copy + off[k], &bits[k], 2);
+        write_file(tmp, copy, len);
+        free(copy);
         model_open(&m, tmp);
         Engine e;
         engine_init(&e, &m, 1, 512);
@@ -4787,9 +4813,11 @@ static void test_gpu_bf16_range(void) {
     }
     unlink(tmp);
     free(file);
-    check(n_batch[0] == 512 && n_batch[1] == 0 && n_batch[2] == 512, name);
-    if (!(n_batch[0] == 512 && n_batch[1] == 0 && n_batch[2] == 512))
-        printf("     n_batch: file %d, 2^16 %d, 65280 %d\n", n_batch[0], n_batch[1], n_batch[2]);
+    int ok = types_ok && n_batch[0] == 512 && n_batch[1] == 0 && n_batch[2] == 0 && n_batch[3] == 512;
+    check(ok, name2);
+    if (!ok)
+        printf("     BF16 tensors %d; n_batch: file %d, 2^16 %d, -2^16 at the end %d, 65280 %d\n", types_ok,
+               n_batch[0], n_batch[1], n_batch[2], n_batch[3]);
 }
 
 // Causal attention over a batch: every row t against attention_c at position pos0 + t
