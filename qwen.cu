@@ -5036,7 +5036,7 @@ template <> __device__ __forceinline__ void w_decode<GGML_TYPE_F16>(const WRaw &
     o[0] = r.q, o[1] = r.e, o[2] = r.f, o[3] = r.h;
 }
 // BF16: the 16 bits b of a value are the fp32 value b << 16 (exact), rounded once to fp16 (exact
-// in fp16's normal range: section 8's header)
+// for 2^-17 <= |w| <= 65280: section 8's header)
 template <> __device__ __forceinline__ void w_decode<GGML_TYPE_BF16>(const WRaw &r, __half *out) {
     const uint32_t *u = (const uint32_t *)&r; // 16 words of 2 values, the lower half first
     __half2 *o = (__half2 *)out;
