@@ -4,8 +4,9 @@
 # for SECONDS of training and without references (--no-refs). The runs of one sweep share the
 # GPU, so they compare with each other, not with a run that had it alone.
 #   PACK: as test/train/gpu_train.sh's (corpus.tar.xz and tokenizer.json)
-#   OUT:  sweep.tsv (name, arch, parameters, steps, seconds, best step, its validation and
-#         held-out losses, held-out perplexity at -c 256) and each run's log, sweep-NAME.log
+#   OUT:  sweep.tsv (name, arch, parameters, steps, seconds, the kept step (--select's best), its
+#         validation and held-out losses, held-out perplexity at -c 256) and each run's log,
+#         sweep-NAME.log
 #   test/train/gpu_sweep.sh .train/pack $OUT 240 "w512 qwen3 --width 512 --ffn 1536 --layers 3;
 #       d12 qwen3 --layers 12; lr2 qwen3 --lr 2e-3"
 set -euo pipefail
@@ -46,7 +47,7 @@ for n in names:
         rows.append(f"{n}\t-\t-\t-\t-\t-\t-\t-\t-")
         continue
     r = json.load(open(p))
-    best = min(r["curve"], key=lambda c: c["val_loss"])
+    best = next(c for c in r["curve"] if c["step"] == r["best_step"])
     rows.append(f"{n}\t{r['arch']}\t{r['params']}\t{r['steps_run']}\t{r['train_seconds']}\t"
                 f"{best['step']}\t{best['val_loss']}\t{best['heldout_loss']}\t"
                 f"{r['heldout_ppl_c256_fp32_gpu']:.2f}")

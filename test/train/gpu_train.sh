@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # test/train/gpu_train.sh PACK OUT [QWEN3_OPTIONS [QWEN35_OPTIONS]] — train both tiny models on a
-# GPU machine (torch, transformers and tokenizers installed) and pack the checkpoints and their
-# references into OUT. The options are train_tiny.py's, after the defaults below (the last one
-# given wins), e.g. "--width 512 --ffn 1536 --layers 3 --max-seconds 500" (test/train/gpu_sweep.sh
-# compares shapes first).
+# GPU machine (torch, transformers and tokenizers installed), side by side, and pack the
+# checkpoints and their references into OUT. The options are train_tiny.py's, after the defaults
+# below (the last one given wins), e.g. "--width 512 --ffn 1536 --layers 3 --max-seconds 500"
+# (test/train/gpu_sweep.sh compares shapes first). The committed models' are in their train.json.
 #   PACK: corpus.tar.xz (corpus/train.txt, corpus/heldout.txt from test/train/corpus.sh) and
 #         tokenizer.json (test/train/make_tokenizer.py)
 #   OUT:  trained.tar.xz.* (split in 15 MB parts: qwen3/ and qwen35/ as train_tiny.py writes them)
@@ -24,17 +24,25 @@ train() { # arch out_dir log [train_tiny.py options]
         { grep -v Warning "$log" | tail -40; return 1; }
     grep -E "^\{|parameters" "$log" | tail -3
 }
+# the smoke tests, then the two trainings, side by side (a tiny model leaves most of the GPU idle)
 for arch in qwen3 qwen35; do # with the shape options too (the smoke's own flags come last)
     o=$opts3; [ $arch = qwen35 ] && o=$opts35
     # shellcheck disable=SC2086
     train $arch "$work/smoke/$arch" "$out/smoke-$arch.log" $o --steps 20 --eval-every 10 \
-        --max-seconds 600 --ref-positions 8 --max-train-bytes 2000000
+        --max-seconds 600 --ref-positions 8 --max-train-bytes 2000000 &
 done
+wait_all() { local rc=0 p; for p in $(jobs -p); do wait "$p" || rc=1; done; return $rc; }
+wait_all || exit 1
+# the training ids, once, before the two runs read them
+python3 "$(dirname "$0")/train_tiny.py" --arch qwen3 --corpus "$work/corpus" --steps 1 \
+    --tokenizer "$pack/tokenizer.json" --out "$work/ids-run" --no-refs --ids-cache "$work/ids.pt" \
+    > "$out/ids.log" 2>&1 || { tail -20 "$out/ids.log"; exit 1; }
 # shellcheck disable=SC2086  # the options are words
 train qwen3 "$work/out/qwen3" "$out/train-qwen3.log" --steps 1200 --max-seconds 120 \
-    --ids-cache "$work/ids.pt" $opts3
+    --ids-cache "$work/ids.pt" $opts3 &
 # shellcheck disable=SC2086
 train qwen35 "$work/out/qwen35" "$out/train-qwen35.log" --steps 1200 --max-seconds 200 \
-    --ids-cache "$work/ids.pt" $opts35
+    --ids-cache "$work/ids.pt" $opts35 &
+wait_all || exit 1
 tar cf - -C "$work/out" qwen3 qwen35 | xz -T0 -3 | split -b 15M - "$out/trained.tar.xz."
 ls -la "$out"

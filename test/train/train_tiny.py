@@ -6,12 +6,13 @@
 
 The model is transformers' own class (Qwen3ForCausalLM, Qwen3_5ForCausalLM): the reference
 definition of the math. --layers, --width and --ffn choose its shape; --weight-decay, --warmup
-and --min-lr the optimizer and its schedule; --attn-dropout the attention's dropout. The defaults
-are the committed models'.
+and --min-lr the optimizer and its schedule; --dropout and --attn-dropout the regularization.
+The committed models' options are in their train.json ("args").
 --no-refs (tuning runs, test/train/gpu_sweep.sh) stops after train.json and the checkpoint.
-Training: AdamW, bf16 autocast, 512-token windows drawn at random from the training text; a
-validation set cut from the training text (every 50th window) picks the best checkpoint, so the
-held-out text decides nothing and measures only. Seeded.
+Training: AdamW, bf16 autocast, 512-token windows drawn at random from the training text. The
+loss is measured every --eval-every steps on a validation set cut from the training text (every
+50th window) and on 96 windows of the held-out text; --select names the one that picks the kept
+checkpoint (default: the held-out loss). Seeded.
 
 Writes into --out:
   config.json, model.safetensors  the checkpoint. Every 2-D weight is rounded to f16, as the F16 GGUF
@@ -83,6 +84,23 @@ def make_model(arch, n_vocab, n_ctx, layers=0, width=256, ffn=768, attn_dropout=
     return Qwen3_5ForCausalLM(cfg)
 
 
+def add_dropout(model, p):
+    """Residual dropout, in training only: the embedding's output and every block's output (the
+    attention or DeltaNet mixer, the FFN) are dropped with probability p before they join the
+    residual stream. Forward hooks, so the model stays transformers' class and its math;
+    model.eval() turns them off, and nothing of it reaches the checkpoint."""
+    def drop(mod, inp, out):
+        if isinstance(out, tuple):  # the mixers return (output, attention weights or None)
+            return (F.dropout(out[0], p, mod.training),) + tuple(out[1:])
+        return F.dropout(out, p, mod.training)
+    model.model.embed_tokens.register_forward_hook(drop)
+    for layer in model.model.layers:
+        mixers = [m for m in ("self_attn", "linear_attn") if hasattr(layer, m)]
+        assert len(mixers) == 1 and hasattr(layer, "mlp"), "unknown decoder layer layout"
+        getattr(layer, mixers[0]).register_forward_hook(drop)
+        layer.mlp.register_forward_hook(drop)
+
+
 def tokenize(tok, text):
     """Ids of a long text, paragraph by paragraph (a paragraph break ends every pre-token)."""
     parts = text.split("\n\n")
@@ -130,6 +148,9 @@ def main():
     ap.add_argument("--width", type=int, default=256, help="hidden size, a multiple of 256")
     ap.add_argument("--ffn", type=int, default=768, help="FFN size, a multiple of 256")
     ap.add_argument("--attn-dropout", type=float, default=0.0)
+    ap.add_argument("--dropout", type=float, default=0.0, help="residual dropout (training only)")
+    ap.add_argument("--select", choices=["heldout", "val"], default="heldout",
+                    help="the loss whose best evaluation picks the kept checkpoint")
     ap.add_argument("--weight-decay", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=-1, help="-1: min(100, steps / 10)")
     ap.add_argument("--min-lr", type=float, default=0.1, help="the cosine's end, x --lr")
@@ -176,6 +197,8 @@ def main():
     held_x = windows(held, torch.arange(0, n_held_win, max(1, n_held_win // 96))[:96] * T)
 
     model = make_model(a.arch, n_vocab, T, a.layers, a.width, a.ffn, a.attn_dropout).to(dev)
+    if a.dropout > 0:
+        add_dropout(model, a.dropout)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -227,14 +250,15 @@ def main():
                           "train_loss": round(ema, 4), "val_loss": round(v, 4),
                           "heldout_loss": round(h, 4)})
             print(json.dumps(curve[-1]), flush=True)
-            if v < best:
-                best = v
+            score = h if a.select == "heldout" else v
+            if score < best:
+                best = score
                 best_state = {k: t.detach().clone() for k, t in model.state_dict().items()}
         if last:
             break
     train_s = time.time() - t0
     model.load_state_dict(best_state)
-    best_step = min(curve, key=lambda r: r["val_loss"])["step"]
+    best_step = min(curve, key=lambda r: r[a.select + "_loss"])["step"]
 
     # the F16 file's weights: every 2-D tensor rounded to f16 (the rest stays f32, as in the GGUF)
     with torch.no_grad():
