@@ -13,6 +13,8 @@
 //   - the last layer's ffn_down, with --diff-inject: only that layer's row is over the threshold;
 //   - a NaN weight in layer 2's ffn_down: ffn_out-2 at token 0 (a NaN is an error, never a pass).
 // Then every kind of bad input, and on the GPU, both paths against --cpu on every fixture.
+// Layer numbers, counts and widths come from the files (hidden_shape), so that retrained models of
+// other shapes run the same checks.
 
 // A copy of model `src` at `dst` with the bytes at [at, at + n) of tensor `tensor` (or of the
 // value of metadata key `key`) replaced by `bytes`.
@@ -126,17 +128,48 @@ static int sample_ids(int n, char *ids, size_t cap) {
     return 1;
 }
 
+// What the checks below need of a model's shape: its layers, its width, and how many tensors a
+// dump of every tensor holds in the layers (an attention layer 10, or 11 with qwen35's output
+// gate; a DeltaNet layer 16).
+typedef struct { int n_layer, n_embd, in_layers; } HiddenShape;
+
+static HiddenShape hidden_shape(const char *path) {
+    Model m;
+    model_open(&m, path);
+    HiddenShape h = {m.c.n_layer, m.c.n_embd, 0};
+    for (int l = 0; l < m.c.n_layer; l++)
+        h.in_layers += m.c.kind[l] == LAYER_DELTANET ? 16 : m.c.arch == ARCH_QWEN35 ? 11 : 10;
+    gguf_close(&m.gguf);
+    return h;
+}
+
+// src with the placeholders of test_hidden's bad-input cases filled in from h, into dst.
+static void hidden_fill(char *dst, size_t cap, const char *src, const HiddenShape *h) {
+    char v[5][16];
+    const char *pat[5] = {"HALFW", "TWOW", "WIDTH", "NLAYER", "BADL"};
+    snprintf(v[0], 16, "%d", h->n_embd / 2);
+    snprintf(v[1], 16, "%d", 2 * h->n_embd);
+    snprintf(v[2], 16, "%d", h->n_embd);
+    snprintf(v[3], 16, "%d", h->n_layer);
+    snprintf(v[4], 16, "%d", h->n_layer + 3);
+    snprintf(dst, cap, "%s", src);
+    for (int k = 0; k < 5; k++)
+        while (strstr(dst, pat[k])) subst(dst, cap, pat[k], v[k]);
+}
+
 static void test_hidden(void) {
     static char q3[512], q35[512], ids[512], out[1 << 17], cmd[3072];
     snprintf(q3, sizeof q3, "%s/trained/qwen3-f16.gguf", DATA);
     snprintf(q35, sizeof q35, "%s/trained/qwen35-f16.gguf", DATA);
     if (!need_fixture(q3, "hidden: the trained models") || !need_fixture(q35, "hidden")) return;
-    // the held-out sample's first 16 tokens, and its first 64 (against transformers)
-    char path[600], ids64[2048];
-    if (!sample_ids(16, ids, sizeof ids) || !sample_ids(64, ids64, sizeof ids64)) {
+    // the held-out sample's first 16 tokens, and its first 32 (against transformers)
+    char path[600], ids32[1024];
+    if (!sample_ids(16, ids, sizeof ids) || !sample_ids(32, ids32, sizeof ids32)) {
         check(0, "hidden: the sample's ids");
         return;
     }
+    HiddenShape h3 = hidden_shape(q3), h35 = hidden_shape(q35);
+    if (h3.n_layer < 4) die("test: the trained qwen3 has %d layers; the checks need 4", h3.n_layer);
     char d3[256], d35[256], bad[256], tsv[256];
     snprintf(d3, sizeof d3, "%s/hidden-q3", TMP);
     snprintf(d35, sizeof d35, "%s/hidden-q35", TMP);
@@ -151,8 +184,8 @@ static void test_hidden(void) {
         char *man = read_file(path, NULL);
         int rows = 0;
         for (char *p = man; p && *p; p++) rows += *p == '\n';
-        // qwen3: 6 layers of 10 + 3; qwen35: 3 DeltaNet layers of 16, 1 attention layer of 11, + 3
-        int want = a ? 3 * 16 + 11 + 3 : 6 * 10 + 3;
+        // the layers' tensors, and 3 outside them: inp_embd, result_norm, result_output
+        int want = (a ? h35 : h3).in_layers + 3;
         char name[160];
         snprintf(name, sizeof name, "hidden: --dump-hidden of trained %s, every tensor (%d files "
                  "and the manifest's rows)", a ? "qwen35" : "qwen3", want);
@@ -169,7 +202,7 @@ static void test_hidden(void) {
           "hidden: a dump against itself: every relative error 0, every row's too, PASS");
 
     // Against transformers: test/gpu_hidden.sh's float64 dumps (stored as float32) of every tensor
-    // for the sample's first 64 tokens, from checkpoints rebuilt from these F16 files; the logits
+    // for the sample's first 32 tokens, from checkpoints rebuilt from these F16 files; the logits
     // are left out (the -ref.f32 files hold them). --cpu is within 1e-5 of every tensor. qwen3
     // holds every token's row to 1e-5 too. qwen35's rows are held to 4e-5: transformers' L2 norm
     // is x * rsqrt(sum x^2 + eps), the GGUF one x / max(|x|, eps), which differ by eps / (2 sum
@@ -183,17 +216,17 @@ static void test_hidden(void) {
             if (!need_fixture(man, "hidden: trained --cpu against transformers")) continue;
             unlink(tsv);
             snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-hidden %s --hidden-filter "
-                     "'.*' --diff-max-rel %s %s --diff-out %s 2>&1", QWEN, a ? q35 : q3, ids64,
+                     "'.*' --diff-max-rel %s %s --diff-out %s 2>&1", QWEN, a ? q35 : q3, ids32,
                      ref, a ? "4e-5" : "1e-5", inject ? "--diff-inject" : "", tsv);
             rc = run_cmd(cmd, out, sizeof out);
             const char *lg = strstr(out, "largest relative error: ");
             double largest = lg ? atof(lg + 24) : INFINITY;
             const char *lr = strstr(out, "largest of a token's row: ");
             if (lr) printf("info %.*s\n", (int)strcspn(lr, "\n"), lr);
-            // every tensor but the logits: qwen3 6 layers of 10, and 2; qwen35 3 x 16 + 11 + 2
+            // every tensor but the logits: the layers' and 2 (inp_embd, result_norm)
             int rows = 0;
             for (const char *p = out; (p = strstr(p, "  cpu\n")) != NULL; p++) rows++;
-            int want = a ? 3 * 16 + 11 + 2 : 6 * 10 + 2;
+            int want = (a ? h35 : h3).in_layers + 2;
             char name[200];
             snprintf(name, sizeof name, "hidden: trained %s --cpu against transformers%s, %d "
                      "tensors (largest relative error of a tensor)", a ? "qwen35" : "qwen3",
@@ -217,7 +250,10 @@ static void test_hidden(void) {
                   "errors");
         }
 
-    // the planted bugs
+    // the planted bugs (the last layer's names from the file)
+    char last_ffn[48], last_out[16];
+    snprintf(last_ffn, sizeof last_ffn, "blk.%d.ffn_down.weight", h3.n_layer - 1);
+    snprintf(last_out, sizeof last_out, "l_out-%d", h3.n_layer - 1);
     struct {
         const char *what, *model, *tensor, *key; size_t at; float v32; int f16;
         const char *filter, *extra, *want; int token;
@@ -232,8 +268,8 @@ static void test_hidden(void) {
          0, ".*", "", "gate-1", 0},
         {"qwen35 ssm_a of layer 1, head 0 set to 0: the residual stream", q35, "blk.1.ssm_a", NULL,
          0, 0, 0, NULL, "", "l_out-1", 1},
-        {"ffn_down of the last layer, one weight, --diff-inject", q3, "blk.5.ffn_down.weight", NULL,
-         0, 1.0f, 1, NULL, "--diff-inject", "l_out-5", 0},
+        {"ffn_down of the last layer, one weight, --diff-inject", q3, last_ffn, NULL, 0, 1.0f, 1,
+         NULL, "--diff-inject", last_out, 0},
         {"a NaN weight in layer 2's ffn_down", q3, "blk.2.ffn_down.weight", NULL, 0, NAN, 1, ".",
          "", "ffn_out-2", 0},
     };
@@ -262,7 +298,7 @@ static void test_hidden(void) {
         if (b == 3) // the DeltaNet's output is clean at token 0
             ok &= hidden_row(tsv, "attn_output-1", &rel, &ft) && ft == 1;
         if (b == 5) // each layer fed their input: the layers before it are exact, only it is off
-            for (int l = 0; l < 5; l++) {
+            for (int l = 0; l < h3.n_layer - 1; l++) {
                 char nm[16];
                 snprintf(nm, sizeof nm, "l_out-%d", l);
                 ok &= hidden_row(tsv, nm, &rel, &ft) && rel == 0 && ft == -1;
@@ -282,50 +318,57 @@ static void test_hidden(void) {
     char theirs[256], npy[300];
     snprintf(theirs, sizeof theirs, "%s/hidden-theirs", TMP);
     mkdir(theirs, 0777);
-    float zero[16 * 256] = {0};
+    float *zero = (float *)calloc((size_t)16 * 2 * h3.n_embd, sizeof(float));
 #define MANIFEST "file\tlayer\tname\tshape\ttransformers\twritten_by\n"
-    struct { const char *what, *file, *text, *descr, *shape; int rows; const char *args, *expect; }
+    // in the texts, shapes and messages: WIDTH, HALFW and TWOW are the trained qwen3's width, half
+    // of it and twice it; NLAYER its layer count, BADL a layer past its last
+    struct { const char *what, *file, *text, *descr, *shape; const char *args, *expect; }
     cases[] = {
-        {"a missing directory", NULL, NULL, NULL, NULL, 0, "--diff-hidden /nonexistent/dir",
+        {"a missing directory", NULL, NULL, NULL, NULL, "--diff-hidden /nonexistent/dir",
          "no such directory"},
         {"a manifest with more layers", "manifest.tsv",
-         MANIFEST "l_out-9.npy\t9\tl_out-9\t16,256\t-\tx\n",
-         NULL, NULL, 0, "--diff-hidden THEIRS", "names l_out-9, but this model has 6 layers"},
+         MANIFEST "l_out-BADL.npy\tBADL\tl_out-BADL\t16,WIDTH\t-\tx\n",
+         NULL, NULL, "--diff-hidden THEIRS", "names l_out-BADL, but this model has NLAYER layers"},
         {"a manifest of another width", "manifest.tsv",
-         MANIFEST "l_out-0.npy\t0\tl_out-0\t16,512\t-\tx\n",
-         NULL, NULL, 0, "--diff-hidden THEIRS",
-         "l_out-0 has 512 values per token; this model's has 256"},
-        {"a .npy of the wrong shape", "l_out-0.npy", NULL, "'<f4'", "(16, 128)", 16 * 128,
-         "--diff-hidden THEIRS", "has the shape (16, 128); this model's l_out-0 is (16, 256)"},
-        {"a .npy of the wrong dtype", "l_out-0.npy", NULL, "'<i4'", "(16, 256)", 16 * 256,
+         MANIFEST "l_out-0.npy\t0\tl_out-0\t16,TWOW\t-\tx\n",
+         NULL, NULL, "--diff-hidden THEIRS",
+         "l_out-0 has TWOW values per token; this model's has WIDTH"},
+        {"a .npy of the wrong shape", "l_out-0.npy", NULL, "'<f4'", "(16, HALFW)",
+         "--diff-hidden THEIRS", "has the shape (16, HALFW); this model's l_out-0 is (16, WIDTH)"},
+        {"a .npy of the wrong dtype", "l_out-0.npy", NULL, "'<i4'", "(16, WIDTH)",
          "--diff-hidden THEIRS", "dtype '<i4'"},
-        {"fewer tokens than the prompt", "l_out-0.npy", NULL, "'<f4'", "(8, 256)", 8 * 256,
+        {"fewer tokens than the prompt", "l_out-0.npy", NULL, "'<f4'", "(8, WIDTH)",
          "--diff-hidden THEIRS", "holds 8 tokens; the prompt has 16"},
-        {"--diff-inject without their residual stream", "l_out-0.npy", NULL, "'<f4'", "(16, 256)",
-         16 * 256, "--diff-hidden THEIRS --diff-inject", "inp_embd.npy is missing"},
-        {"--diff-inject without --diff-hidden", NULL, NULL, NULL, NULL, 0,
+        {"--diff-inject without their residual stream", "l_out-0.npy", NULL, "'<f4'", "(16, WIDTH)",
+         "--diff-hidden THEIRS --diff-inject", "inp_embd.npy is missing"},
+        {"--diff-inject without --diff-hidden", NULL, NULL, NULL, NULL,
          "--dump-hidden THEIRS --diff-inject", "it needs --diff-hidden THEIRS"},
-        {"a filter that matches nothing", NULL, NULL, NULL, NULL, 0,
+        {"a filter that matches nothing", NULL, NULL, NULL, NULL,
          "--dump-hidden THEIRS --hidden-filter nothing", "matches no tensor"},
-        {"no prompt", NULL, NULL, NULL, NULL, 0, "--dump-hidden THEIRS NOIDS",
+        {"no prompt", NULL, NULL, NULL, NULL, "--dump-hidden THEIRS NOIDS",
          "needs a prompt"},
-        {"a FIFO for a .npy (it would block)", "FIFO", NULL, NULL, NULL, 0, "--diff-hidden THEIRS",
+        {"a FIFO for a .npy (it would block)", "FIFO", NULL, NULL, NULL, "--diff-hidden THEIRS",
          "is not a regular file"},
-        {"a count regcomp cannot take", NULL, NULL, NULL, NULL, 0,
+        {"a count regcomp cannot take", NULL, NULL, NULL, NULL,
          "--dump-hidden THEIRS --hidden-filter '(.*){1,32767}'", "a count above 64"},
         {"a manifest's shape that is not sizes", "manifest.tsv",
-         MANIFEST "l_out-0.npy\t0\tl_out-0\t16,abc\t-\tx\n", NULL, NULL, 0,
+         MANIFEST "l_out-0.npy\t0\tl_out-0\t16,abc\t-\tx\n", NULL, NULL,
          "--diff-hidden THEIRS", "is not sizes such as 64,256"},
-        {"the dump into their directory", NULL, NULL, NULL, NULL, 0,
+        {"the dump into their directory", NULL, NULL, NULL, NULL,
          "--dump-hidden THEIRS --diff-hidden THEIRS", "their files would be overwritten"},
-        {"--diff-out without a comparison", NULL, NULL, NULL, NULL, 0,
+        {"--diff-out without a comparison", NULL, NULL, NULL, NULL,
          "--dump-hidden THEIRS --diff-out THEIRS/x.tsv", "it needs --diff-hidden"},
-        {"-c, which the prompt sizes", NULL, NULL, NULL, NULL, 0, "--dump-hidden THEIRS -c 64",
+        {"-c, which the prompt sizes", NULL, NULL, NULL, NULL, "--dump-hidden THEIRS -c 64",
          "does not apply"},
     };
     int good = 1, nc = (int)(sizeof cases / sizeof cases[0]);
     for (int c = 0; c < nc; c++) {
-        char f[400], args[300];
+        char f[400], args[300], text[300], shape[64], expect[200];
+        int r = 0, c2 = 0;
+        hidden_fill(text, sizeof text, cases[c].text ? cases[c].text : "", &h3);
+        hidden_fill(shape, sizeof shape, cases[c].shape ? cases[c].shape : "", &h3);
+        hidden_fill(expect, sizeof expect, cases[c].expect, &h3);
+        sscanf(shape, "(%d, %d)", &r, &c2);
         snprintf(cmd, sizeof cmd, "rm -f %s/*", theirs);
         if (system(cmd) != 0) die("test: rm");
         if (cases[c].file && !strcmp(cases[c].file, "FIFO")) {
@@ -333,8 +376,8 @@ static void test_hidden(void) {
             if (mkfifo(f, 0666) != 0) die("test: mkfifo %s", f);
         } else if (cases[c].file) {
             snprintf(f, sizeof f, "%s/%s", theirs, cases[c].file);
-            if (cases[c].text) write_file(f, cases[c].text, strlen(cases[c].text));
-            else write_npy(f, cases[c].descr, "False", cases[c].shape, zero, cases[c].rows * 4u);
+            if (cases[c].text) write_file(f, text, strlen(text));
+            else write_npy(f, cases[c].descr, "False", shape, zero, (size_t)r * c2 * 4);
         }
         snprintf(args, sizeof args, "%s", cases[c].args);
         for (int k = 0; k < 3; k++) subst(args, sizeof args, "THEIRS", theirs);
@@ -345,7 +388,7 @@ static void test_hidden(void) {
         rc = run_cmd(cmd, out, sizeof out);
         const char *e = strstr(out, "error:");
         int one_line = e && strchr(e, '\n') && !strchr(e, '\n')[1];
-        int ok = rc == 1 && e && one_line && strstr(out, cases[c].expect);
+        int ok = rc == 1 && e && one_line && strstr(out, expect);
         if (!ok) printf("     case '%s': rc=%d: %.400s\n", cases[c].what, rc, out);
         good &= ok;
     }
@@ -358,17 +401,22 @@ static void test_hidden(void) {
     snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --dump-hidden %s --hidden-filter Qcur "
              "2>&1 && ls %s | wc -l", QWEN, q3, ids, theirs, theirs);
     rc = run_cmd(cmd, out, sizeof out);
-    check(rc == 0 && strstr(out, "6 tensors") && atoi(strrchr(out, ')') + 1) == 7,
-          "hidden: --hidden-filter Qcur: 6 files and the manifest (no logits)");
+    char want_n[32], qname[100];
+    snprintf(want_n, sizeof want_n, "%d tensors", h3.n_layer);
+    snprintf(qname, sizeof qname, "hidden: --hidden-filter Qcur: %d files and the manifest (no "
+             "logits)", h3.n_layer);
+    check(rc == 0 && strstr(out, want_n) && atoi(strrchr(out, ')') + 1) == h3.n_layer + 1, qname);
     snprintf(cmd, sizeof cmd, "rm -f %s/*", theirs);
     if (system(cmd) != 0) die("test: rm");
     snprintf(npy, sizeof npy, "%s/l_out-0.npy", theirs);
-    write_npy(npy, "'<f4'", "False", "(1, 16, 256)", zero, 16 * 256 * 4);
+    char shape3[32];
+    snprintf(shape3, sizeof shape3, "(1, 16, %d)", h3.n_embd);
+    write_npy(npy, "'<f4'", "False", shape3, zero, (size_t)16 * h3.n_embd * 4);
     snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --diff-hidden %s 2>&1", QWEN, q3, ids,
              theirs);
     rc = run_cmd(cmd, out, sizeof out);
     check(rc == 1 && strstr(out, "  l_out-0 ") && strstr(out, "result: FAIL") &&
-          !strstr(out, "\nerror: "), "hidden: a .npy of shape (1, n_tokens, width) is read");
+          !strstr(out, "\nerror: "), "hidden: a .npy of shape (1, n_tokens, width) is read");    free(zero);
 }
 
 // GPU: both paths against the exact C path, tensor by tensor, on every fixture and the trained

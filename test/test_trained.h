@@ -305,12 +305,42 @@ static void test_trained_made(const char *arch, const char *dir) {
     free(sums);
 }
 
+// The bytes of the regular files under dir, its subdirectories included, except the quantized
+// files that make builds (*-q4_0.gguf, *-iq4_xs.gguf): what the repository holds of the models.
+static long long trained_bytes(const char *dir) {
+    DIR *dp = opendir(dir);
+    if (!dp) return -1;
+    long long sum = 0;
+    struct dirent *de;
+    while ((de = readdir(dp)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        char path[800];
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct stat st;
+        if (stat(path, &st) != 0) continue;
+        size_t n = strlen(de->d_name);
+        int made = (n > 10 && !strcmp(de->d_name + n - 10, "-q4_0.gguf")) ||
+                   (n > 12 && !strcmp(de->d_name + n - 12, "-iq4_xs.gguf"));
+        if (S_ISDIR(st.st_mode)) sum += trained_bytes(path);
+        else if (S_ISREG(st.st_mode) && !made) sum += st.st_size;
+    }
+    closedir(dp);
+    return sum;
+}
+
 static void test_trained(int use_gpu) {
     static int made_checked = 0; // once, in the first pass that runs (the GPU-only run has one)
     char dir[400], path[600];
     snprintf(dir, sizeof dir, "%s/trained", DATA);
     snprintf(path, sizeof path, "%s/sample.txt", dir);
     if (!need_fixture(path, "trained models: the held-out sample")) return;
+    if (!use_gpu) { // the repository's budget for the models, their references and dumps
+        long long b = trained_bytes(dir);
+        char name[160];
+        snprintf(name, sizeof name, "trained: test/data/trained holds %.2f MB (the made quantized "
+                 "files left out): at most 60 MB", b / 1e6);
+        check(b > 0 && b <= 60000000, name);
+    }
     size_t sample_len = 0;
     char *sample = read_file(path, &sample_len), *idtext;
     snprintf(path, sizeof path, "%s/sample-ids.txt", dir);

@@ -7,11 +7,12 @@ test test/train/hf_to_gguf without a trained model (Python 3 standard library on
 OUT_DIR/config.json is a flat transformers-5.x config (Qwen3ForCausalLM "qwen3", or
 Qwen3_5ForCausalLM "qwen3_5_text"); OUT_DIR/model.safetensors holds the weights: 2-D weights in
 --dtype (F16 by default, as our checkpoints store them), everything else (1-D tensors, the 3-D
-conv1d) F32. Small shapes by default: hidden 256, vocab 8193; qwen35: head_dim 64, 4 query heads,
-2 kv heads, partial_rotary_factor 0.25, 2 linear key heads, 4 value heads of 64, conv kernel 4,
-every 4th layer full attention. Values: weights ~ N(0, 0.02); qwen3 norms near 1; qwen35 norms
-near 0 (zero-centred, x*(1+w)) except linear_attn.norm (plain, near 1); A_log in [0, 1); dt_bias
-~ N(0, 0.5); conv weights ~ N(0, 0.1). The same seed gives the same bytes.
+conv1d) F32. Small shapes by default: hidden 256, vocab 8193, 4 query heads of 64 and 2 kv heads
+(--heads; train_tiny.py's rule); qwen35: partial_rotary_factor 0.25, 2 linear key heads, 4 value
+heads of 64, conv kernel 4, every 4th layer full attention. Values: weights ~ N(0, 0.02); qwen3
+norms near 1; qwen35 norms near 0 (zero-centred, x*(1+w)) except linear_attn.norm (plain, near
+1); A_log in [0, 1); dt_bias ~ N(0, 0.5); conv weights ~ N(0, 0.1). The same seed gives the
+same bytes.
 """
 import argparse
 import json
@@ -27,6 +28,9 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--ffn", type=int, default=512)
+    ap.add_argument("--heads", type=int, default=4,
+                    help="query heads of 64 (train_tiny.py: width / 64); half as many kv heads; "
+                         "qwen35: half as many linear key heads, as many value heads")
     ap.add_argument("--vocab", type=int, default=8193, help="vocab_size (N_VOCAB_TOKENS + 1)")
     ap.add_argument("--tied", type=int, default=1, help="tie_word_embeddings (1: no lm_head)")
     ap.add_argument("--dtype", choices=["F16", "F32", "BF16"], default="F16",
@@ -37,13 +41,12 @@ def main():
     rng = random.Random(a.seed)
     q35 = a.arch == "qwen35"
     E, F, V, L = a.hidden, a.ffn, a.vocab, a.layers
+    H, Hkv, hd = a.heads, a.heads // 2, 64
+    assert H >= 2 and H % 2 == 0, "--heads: an even count"
     if q35:
-        H, Hkv, hd = 4, 2, 64
-        Hk, Hv, dk, dv, K = 2, 4, 64, 64, 4
+        Hk, Hv, dk, dv, K = H // 2, H, 64, 64, 4
         layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
                        for i in range(L)]
-    else:
-        H, Hkv, hd = 4, 2, 64
     cfg = {
         "architectures": ["Qwen3_5ForCausalLM" if q35 else "Qwen3ForCausalLM"],
         "model_type": "qwen3_5_text" if q35 else "qwen3",
