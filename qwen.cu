@@ -91,18 +91,28 @@
 // error then starts on a line of its own.
 static int g_stdout_midline = 0;
 // An output file is written under a temporary name in its own directory and renamed over its
-// name only once it is complete (output_open, output_close): this is the temporary file while it
-// is being written. die() and the signals that end a run delete it, so that a failed or
-// interrupted write leaves neither a file that looks valid nor a loss of the file that was there.
-// (volatile: the signal handler reads it.)
-static const char *volatile g_partial_file = NULL;
+// name only once it is complete (output_open, output_close): these are the temporary files while
+// they are being written, one slot each (NULL: free). Two can be open at once: a --diff-out table
+// while --dump-hidden writes its files. die() and the signals that end a run delete them, so that
+// a failed or interrupted write leaves neither a file that looks valid nor a loss of the file that
+// was there. (volatile: the signal handlers read them.)
+#define N_OUTPUTS 2
+static const char *volatile g_partial_file[N_OUTPUTS];
 // 1 during a chat answer, 2 once Ctrl-C has asked it to stop (the answer ends at the next token,
 // and the chat goes on); 0 elsewhere, where Ctrl-C ends the run.
 static volatile sig_atomic_t g_answer_sigint = 0;
 
-// The exit of every failed run, once its message is printed: the partial file deleted, status 1.
+// The partial files deleted (by a signal handler too: unlink may be called there).
+static void unlink_partial(void) {
+    for (int i = 0; i < N_OUTPUTS; i++) {
+        const char *partial = g_partial_file[i];
+        if (partial) unlink(partial);
+    }
+}
+
+// The exit of every failed run, once its message is printed: the partial files deleted, status 1.
 static void exit_failed(void) {
-    if (g_partial_file) unlink(g_partial_file);
+    unlink_partial();
     exit(1);
 }
 
@@ -142,8 +152,7 @@ static void on_fatal_signal(int sig) {
         g_answer_sigint = 2;
         return;
     }
-    const char *partial = g_partial_file;
-    if (partial) unlink(partial);
+    unlink_partial();
     signal(sig, SIG_DFL);
     raise(sig);
 }
@@ -182,8 +191,7 @@ static void on_bus_error(int sig, siginfo_t *si, void *uctx) {
                                "' was truncated or rewritten while this run read it (SIGBUS)\n"};
         for (int k = 0; k < 3; k++)
             if (write(2, part[k], strlen(part[k])) < 0) break;
-        const char *partial = g_partial_file;
-        if (partial) unlink(partial);
+        unlink_partial();
         _exit(1);
     }
     signal(sig, SIG_DFL); // not a mapped file: the fault repeats with the default action
@@ -205,14 +213,16 @@ static void catch_fatal_signals(void) {
 
 // --- output files: written whole or not at all ---------------------------------------------------
 // An output file (a logits dump, a KL-divergence base, a --diff-out table, a quantized model) is
-// written to a temporary file beside it, ".NAME.tmp-PID", and renamed over NAME when it is
+// written to a temporary file beside it, ".NAME.tmp-PID" (NAME cut to 200 bytes: a file name has
+// at most 255), and renamed over NAME when it is
 // complete and every write has succeeded. rename within a directory is atomic: every reader sees
 // the old file or the new one whole, never a part (two runs writing the same name at once: the
 // file is one run's). A device or a FIFO (a pipe), and the file this run's standard output goes
 // to (/dev/stdout redirected to a file), are written directly. A run killed by SIGKILL (the
 // kernel's out-of-memory killer) cannot delete its temporary file: it stays, hidden, beside NAME.
-static char g_partial_buf[PATH_MAX + 64]; // the temporary file's name (g_partial_file)
-static char g_target_buf[PATH_MAX];       // the file it will replace, links resolved
+static FILE *g_out_file[N_OUTPUTS];                 // the open file of each slot
+static char g_partial_buf[N_OUTPUTS][PATH_MAX + 64]; // its temporary file's name (g_partial_file)
+static char g_target_buf[N_OUTPUTS][PATH_MAX];       // the file it will replace, links resolved
 
 // Where output `path` (given as option `opt`) will be written: 1 with the file it replaces, links
 // resolved, in target and its directory in dir; 0 for a device, a FIFO or standard output's own
@@ -245,12 +255,16 @@ static int output_target(const char *opt, const char *path, char *target, char *
 // Open output `path` for writing (its temporary file, or the device or FIFO itself).
 static FILE *output_open(const char *opt, const char *path) {
     char dir[PATH_MAX];
-    if (!output_target(opt, path, g_target_buf, dir, sizeof dir)) {
+    int s = 0;
+    while (s < N_OUTPUTS && g_out_file[s]) s++;
+    if (s == N_OUTPUTS) die("%s '%s': more than %d output files at once", opt, path, N_OUTPUTS);
+    char *target = g_target_buf[s], *partial = g_partial_buf[s];
+    if (!output_target(opt, path, target, dir, PATH_MAX)) {
         FILE *f = fopen(path, "wb");
         if (!f) die("cannot write %s '%s': %s", opt, path, strerror(errno));
         return f;
     }
-    const char *slash = strrchr(g_target_buf, '/'), *name = slash ? slash + 1 : g_target_buf;
+    const char *slash = strrchr(target, '/'), *name = slash ? slash + 1 : target;
     int fd = -1;
     // The fatal signals wait while a name is tried: the handlers delete g_partial_file, which must
     // name the file this run created, from the moment it exists (not another run's leftover).
@@ -258,14 +272,14 @@ static FILE *output_open(const char *opt, const char *path) {
     sigemptyset(&fatal);
     for (size_t i = 0; i < N_FATAL_SIGNALS; i++) sigaddset(&fatal, FATAL_SIGNALS[i]);
     for (int k = 0; fd < 0 && k < 100; k++) { // a name left by a killed run is not reused
-        if (k == 0) snprintf(g_partial_buf, sizeof g_partial_buf, "%s/.%s.tmp-%d", dir, name,
+        if (k == 0) snprintf(partial, PATH_MAX + 64, "%s/.%.200s.tmp-%d", dir, name,
                              (int)getpid());
-        else snprintf(g_partial_buf, sizeof g_partial_buf, "%s/.%s.tmp-%d-%d", dir, name,
-                      (int)getpid(), k);
+        else snprintf(partial, PATH_MAX + 64, "%s/.%.200s.tmp-%d-%d", dir, name, (int)getpid(),
+                      k);
         sigprocmask(SIG_BLOCK, &fatal, &saved);
-        fd = open(g_partial_buf, O_WRONLY | O_CREAT | O_EXCL, 0666);
+        fd = open(partial, O_WRONLY | O_CREAT | O_EXCL, 0666);
         int err = errno;
-        if (fd >= 0) g_partial_file = g_partial_buf;
+        if (fd >= 0) g_partial_file[s] = partial;
         sigprocmask(SIG_SETMASK, &saved, NULL);
         errno = err;
         if (fd < 0 && errno != EEXIST)
@@ -274,24 +288,27 @@ static FILE *output_open(const char *opt, const char *path) {
     }
     if (fd < 0) die("cannot write %s '%s': no free temporary name in '%s'", opt, path, dir);
     struct stat st; // a file that is replaced keeps its permissions
-    if (stat(g_target_buf, &st) == 0) fchmod(fd, st.st_mode & 07777);
+    if (stat(target, &st) == 0) fchmod(fd, st.st_mode & 07777);
     FILE *f = fdopen(fd, "wb");
     if (!f) die("cannot write %s '%s': %s", opt, path, strerror(errno));
+    g_out_file[s] = f;
     return f;
 }
 
 // The end of an output file: every write checked (ferror, then fclose's own flush), then the
 // rename that puts it in place. A failure deletes the temporary file; the old file stays as it was.
 static void output_close(FILE *f, const char *opt, const char *path) {
+    int s = 0;
+    while (s < N_OUTPUTS && g_out_file[s] != f) s++;
+    if (s < N_OUTPUTS) g_out_file[s] = NULL; // the slot's name stays set until the rename
     errno = 0;
     int bad = ferror(f);
     if ((fclose(f) != 0) | bad)
         die("writing %s '%s' failed: %s", opt, path, errno ? strerror(errno) : "a write failed");
-    const char *tmp = g_partial_file;
-    if (!tmp) return; // written in place (a device or a FIFO)
-    if (rename(tmp, g_target_buf) != 0)
+    if (s == N_OUTPUTS) return; // written in place (a device or a FIFO)
+    if (rename(g_partial_buf[s], g_target_buf[s]) != 0)
         die("writing %s '%s' failed: %s", opt, path, strerror(errno));
-    g_partial_file = NULL;
+    g_partial_file[s] = NULL;
 }
 
 // "s" after a count other than 1: "1 chunk", "2 chunks".
@@ -1030,10 +1047,11 @@ __host__ __device__ static void k_scale_min(int j, const uint8_t *s, int *sc, in
 
 // w[0..31] = elements 32u .. 32u+31 of a row: unit u. Every format splits into such units (a
 // 32-weight block is one, a 256-weight super-block eight), and this function is the definition of
-// each: the CPU forward pass (dequant_row), the simple GPU mat-vec (matvec_generic_kernel) and the
-// prefill's twin of its weights (mm_weight_row) all run it, and the fast kernels of section
-// 6 are tested against it. Float types give 0 past n_in. f16_scales: IQ4_XS and Q6_K round the
-// unit's scale to fp16 first, as the prefill's tensor-core decode does (see mm_weight_row).
+// each: the CPU forward pass (dequant_row) and the prefill's twin of its weights (mm_weight_row)
+// run it, and so can the simple GPU mat-vec (matvec_generic_kernel, which the engine sends float
+// types only); the fast kernels of section 6 are tested against it. Float types give 0 past n_in.
+// f16_scales: IQ4_XS and Q6_K round the unit's scale to fp16 first, as the prefill's tensor-core
+// decode does (see mm_weight_row).
 __host__ __device__ __forceinline__ void dequant_unit(int type, const uint8_t *row, int u, float *w,
                                                       int n_in, int f16_scales) {
     switch (type) {
@@ -1326,6 +1344,14 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     int n_layer_all = (int)gguf_u32(g, KEY("block_count"), 1, 0);
     if (n_layer_all < 1 || n_layer_all > MAX_LAYERS)
         die("%s = %d: must be 1..%d", key, n_layer_all, MAX_LAYERS);
+    // a tensor of a layer past block_count would be left unused: the file is not what its
+    // metadata says (a cut-down or mislabelled model), and running it would look like success
+    for (int64_t i = 0; i < g->n_tensors; i++) {
+        int b = -1;
+        if (sscanf(g->tensors[i].name, "blk.%d.", &b) == 1 && b >= n_layer_all)
+            die("tensor '%s' is of layer %d, but %s = %d: the file's tensors and its metadata "
+                "disagree", g->tensors[i].name, b, key, n_layer_all);
+    }
     // qwen35 may append multi-token-prediction blocks after the trunk; they are not run
     uint32_t n_nextn = c->arch == ARCH_QWEN35 ? gguf_u32(g, KEY("nextn_predict_layers"), 0, 0) : 0;
     if (n_nextn >= (uint32_t)n_layer_all)
@@ -2094,9 +2120,9 @@ __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x));
 // y[r] = W[r,:] . x (+ bias[r]) (+ y[r] when accumulate). One warp per row; the lanes take the
 // row's 32-weight units in turn (dequant_unit, the format's definition) and their partial sums
 // meet in a shuffle reduction. It works for every type, the simplest correct GPU mat-vec; the
-// engine runs the float types (F32, F16, BF16) here, whose inputs stay fp32 (6.4c streams their
-// rows faster when the rows are whole 16-byte vectors). Every quantized type has planes and takes
-// the kernels of 6.5 and 6.6. C twin: matvec_c.
+// engine runs the float types (F32, F16, BF16) here, whose inputs stay fp32 (6.4c reads their
+// rows faster, in 16-byte loads, when the rows are whole 16-byte vectors). Every quantized type
+// has planes and takes the kernels of 6.5 and 6.6. C twin: matvec_c.
 template <int TYPE>
 __global__ void matvec_generic_kernel(const uint8_t *W,    // (n_out, row_stride bytes)
                                       size_t row_stride,
@@ -3541,7 +3567,7 @@ static void matvec_stream(MvPlan *p, const XQ &xq, int n_in, cudaStream_t st) {
 
 // --- 6.8 matvec(): which kernel a launch takes ---------------------------------------------------
 // The entry points of every mat-vec, matvec() and matvec_batch(): for float weights (the file's
-// layout) the simple kernel (6.1) or its streamed form (6.4c); for weights in planes the per-block
+// layout) the simple kernel (6.1) or its 16-byte form (6.4c); for weights in planes the per-block
 // kernel (6.5), or the streaming one (6.6) where mv_use_stream says so.
 
 // Speed: the choice between the two fast kernels, per launch (test/PERF_NOTES.md,
@@ -3565,7 +3591,7 @@ static int mv_use_stream(const MvPlan *p, int n_in) {
 }
 
 // y = W x (+ bias) (+ y when accumulate): a fast kernel (16-bit x) for weights in planes, the
-// simple one (fp32 x) or its streamed form (6.4c) for the float types.
+// simple one (fp32 x) or its 16-byte form (6.4c) for the float types.
 static void matvec(const Tensor *W, const Act *in, float *y /* (n_out) */,
                    const float *bias /* (n_out) or NULL */, int accumulate, cudaStream_t st) {
     const uint8_t *w = (const uint8_t *)W->dev;
@@ -3978,8 +4004,8 @@ __device__ __forceinline__ void att_softmax_update(float *p /* (g, chunk) */, fl
 }
 
 // Step 2d: o = c o + sum_t p[t] V[t], per output pair (dims d, d+1 of head p_head[k]) of this
-// thread: the keys 4 at a time (one 16-byte load of p, a broadcast within the warp: a warp's pairs
-// are of one head), two independent sums.
+// thread: the keys 4 at a time (one 16-byte load of p, a broadcast within the warp where its pairs
+// are of one head, as with every Qwen's head_dim, a multiple of 64), two independent sums.
 __device__ __forceinline__ void att_accumulate_pv(float2 (&o)[ATT_MAX_OUT / 2],
                                                   const int (&p_head)[ATT_MAX_OUT / 2],
                                                   const int (&p_dim)[ATT_MAX_OUT / 2],
@@ -7023,9 +7049,12 @@ static int sampler_keep(Sampler *s, const float *logits, float *mx) {
 }
 
 // The next token: greedy, or a draw from sampler_keep's candidates with p ~ exp(logit / temp).
-// -1 when the logits are not finite (sampler_keep).
+// -1 when the logits hold a NaN or their largest is infinite (a broken model), as sampler_keep.
 static int sample(Sampler *s, const float *logits) {
-    if (s->temp <= 0.0f) return argmax(logits, s->n_vocab);
+    if (s->temp <= 0.0f) {
+        int t = argmax(logits, s->n_vocab);
+        return t < 0 || !isfinite(logits[t]) ? -1 : t;
+    }
     float mx;
     int n = sampler_keep(s, logits, &mx);
     if (n < 0) return -1;
@@ -7468,7 +7497,8 @@ static int mode_generate(const Args *a, Model *m, const Tokenizer *tok) {
 }
 
 // One line from stdin (without its newline), or NULL at end of input. Shows `prompt` first when
-// stdin is a terminal. Blank lines are skipped: an empty user turn is not a question.
+// stdin is a terminal. Blank lines are skipped: an empty user turn is not a question. A read that
+// fails (stdin a directory, an I/O error) is an error, not the end of the chat.
 static char *read_line_stdin(const char *prompt) {
     for (;;) {
         if (prompt) {
@@ -7482,6 +7512,7 @@ static char *read_line_stdin(const char *prompt) {
             if (n + 1 == cap) s = (char *)xrealloc(s, cap *= 2, "a line of stdin");
             s[n++] = (char)ch;
         }
+        if (ch == EOF && ferror(stdin)) die("reading standard input failed: %s", strerror(errno));
         s[n] = 0;
         while (k < n && isspace((unsigned char)s[k])) k++;
         if (k < n) return s;
@@ -7498,7 +7529,10 @@ static void chat_refuse_turn(int n, int pos, int n_ctx, int n_ctx_train, int min
     const char *more = n_ctx < n_ctx_train ? "; restart with a larger -c for more" : "";
     fprintf(stderr, "%serror: this turn has %d tokens, and the context has %d of its %d left: it "
             "was not read", g_stdout_midline ? "\n" : "", n, left, n_ctx);
-    if (min_turn > left)
+    if (min_turn > n_ctx)
+        fprintf(stderr, " (-c %d cannot hold the shortest turn, %d tokens: restart with a larger "
+                "-c)\n", n_ctx, min_turn);
+    else if (min_turn > left)
         fprintf(stderr, " (the context is full: %s ends the chat%s)\n",
                 isatty(0) ? "Ctrl-D" : "the end of the input", more);
     else fprintf(stderr, " (a shorter turn fits%s)\n", more);
@@ -7701,7 +7735,8 @@ static void run_bench(Model *m, int n_ctx) {
 }
 
 // "15.5G" -> bytes (K, M, G, T: powers of 1024; "GiB" and "GB" spellings accepted as the same).
-// The unit is required: a bare "16" is more likely 16 GB than 16 bytes. -1: not a size.
+// The unit is required: a bare "16" is more likely 16 GB than 16 bytes. -1: not a size, or one
+// of 2^60 bytes (1048576T) or more, past what a size_t of the budget's sums can safely hold.
 static double parse_size(const char *arg) {
     char *end;
     double v = strtod(arg, &end);
@@ -7717,7 +7752,7 @@ static double parse_size(const char *arg) {
     end++;
     if (*end == 'i' || *end == 'I') end++;
     if (*end == 'B' || *end == 'b') end++;
-    return *end ? -1 : v * mul;
+    return *end || !(v * mul < 1152921504606846976.0) ? -1 : v * mul;
 }
 
 // A numeric option's value, all of it a number (atoi would read "abc" as 0 and "5x" as 5).
@@ -8367,13 +8402,15 @@ static int usage(FILE *f) {
         "renamed into place once complete: a failed run leaves the old file as it was.\n");
 }
 
-// The value of option argv[*i]. A value that looks like an option ("-n", "--seed") means that the
-// option's own value was left out and the next option taken in its place: an error naming both.
+// The value of option argv[*i]. A value that looks like an option ("-n", "--seed": a '-' and a
+// letter, or "--" and more, without a space) means that the option's own value was left out and
+// the next option taken in its place: an error naming both. A value with a space in it ("-Be
+// brief") is text, never an option.
 static const char *option_value(int argc, char **argv, int *i) {
     const char *o = argv[*i];
     if (*i + 1 >= argc) die("option %s needs a value", o);
     const char *v = argv[++*i];
-    if (v[0] == '-' && (isalpha((unsigned char)v[1]) || (v[1] == '-' && v[2])))
+    if (v[0] == '-' && !strchr(v, ' ') && (isalpha((unsigned char)v[1]) || (v[1] == '-' && v[2])))
         die("option %s needs a value, but the next argument '%s' is an option%s", o, v,
             !strcmp(o, "-p") || !strcmp(o, "--prompt")
                 ? " (a prompt that starts with '-' can go in a file: -f FILE)" : "");
@@ -8533,8 +8570,17 @@ static void parse_args(Args *a, int argc, char **argv) {
             a->n_batch = arg_int(o, NEXT()), a->batch_given = 1, FOR(RUN);
         else if (IS("--temp")) a->temp = arg_float(o, NEXT()), FOR(SAMPLE);
         else if (IS("--top-k")) a->top_k = arg_int(o, NEXT()), FOR(SAMPLE);
-        else if (IS("--top-p")) a->top_p = arg_float(o, NEXT()), FOR(SAMPLE);
-        else if (IS("--min-p")) a->min_p = arg_float(o, NEXT()), FOR(SAMPLE);
+        else if (IS("--top-p")) {
+            const char *v = NEXT();
+            a->top_p = arg_float(o, v);
+            if (a->top_p <= 0.0f || a->top_p > 1.0f) die("--top-p '%s': must be in (0, 1]", v);
+            FOR(SAMPLE);
+        } else if (IS("--min-p")) { // above 1 it would mean what 1 means: the top token alone
+            const char *v = NEXT();
+            a->min_p = arg_float(o, v);
+            if (a->min_p < 0.0f || a->min_p > 1.0f) die("--min-p '%s': must be in [0, 1]", v);
+            FOR(SAMPLE);
+        }
         else if (IS("--seed") || IS("-s")) a->seed = arg_seed(o, NEXT()), FOR(SAMPLE);
         else if (IS("--dump-logits")) a->dump_path = NEXT(), FOR(MODE_GENERATE);
         else if (IS("--diff-logits")) a->diff_path = NEXT(), set_mode(a, o, MODE_DIFF);
@@ -8561,7 +8607,8 @@ static void parse_args(Args *a, int argc, char **argv) {
         else if (IS("--vram-limit")) {
             const char *v = NEXT();
             if ((g_vram_limit = parse_size(v)) <= 0)
-                die("--vram-limit '%s': expected a size with its unit, such as 15.5G or 900M", v);
+                die("--vram-limit '%s': expected a size with its unit, such as 15.5G or 900M "
+                    "(below 1048576T)", v);
             a->vram_given = 1;
             FOR(RUN | MODE_INFO | MODE_BENCH);
         } else if (IS("-ngl") || IS("--n-gpu-layers")) (void)NEXT(), a->ngl_given = 1;
@@ -8619,13 +8666,17 @@ static void parse_args(Args *a, int argc, char **argv) {
     if (a->n_ctx <= 0) die("-c %d: the context length must be positive", a->n_ctx);
     if (a->n_batch <= 0) die("-b %d: the batch size must be positive", a->n_batch);
     if (a->n_predict < 0) die("-n %d: must be >= 0", a->n_predict);
-    if (a->top_p <= 0.0f || a->top_p > 1.0f) die("--top-p %g: must be in (0, 1]", a->top_p);
-    if (a->min_p < 0.0f || a->min_p > 1.0f) // above 1 it means what 1 means: the top token alone
-        die("--min-p %g: must be in [0, 1]", a->min_p);
     // as in llama.cpp: --temp <= 0 is greedy, --top-k <= 0 is off, --chunks <= 0 (e.g. -1) is all
     if (a->seed == LLAMA_RANDOM_SEED) a->seed = fresh_seed();
-    // a logits dump is a measurement, not a generation: tokens follow it only when -n asks
-    if (a->dump_path && !a->n_given) a->n_predict = 0;
+    // a logits dump is a measurement, not a generation: tokens follow it only when -n asks, and
+    // without -n an option of the sampler would have nothing to act on
+    if (a->dump_path && !a->n_given) {
+        a->n_predict = 0;
+        for (int k = 0; k < a->n_used; k++)
+            if (a->used[k].modes == SAMPLE)
+                die("%s does not apply to --dump-logits without -n: nothing is sampled (-n N "
+                    "samples N tokens after the dump)", a->used[k].opt);
+    }
     // --dump-logits is what other engines are diffed against: by default it takes the most exact
     // path, token by token through the decode graph (the batched prompt's products are fp16)
     if ((a->dump_path || a->diff_path || a->mode == MODE_HIDDEN) && !a->batch_given) a->n_batch = 1;
@@ -9299,9 +9350,10 @@ static void npy_write(const char *dir, const Tap *tp, int kind, int l) {
 }
 
 // --dump-hidden DIR, before any work: DIR made (one level) or an existing directory, not the
-// directory of their dump, and no file the run will write one of the run's inputs (a link to the
-// model, say).
-static void dump_prepare(const char *dir, const Tap *tp, const char *model, const char *theirs) {
+// directory of their dump nor that of the --diff-out table (diff_out: NULL without one), and no
+// file the run will write one of the run's inputs (a link to the model, say).
+static void dump_prepare(const char *dir, const Tap *tp, const char *model, const char *theirs,
+                         const char *diff_out) {
     struct stat st, sm, si;
     if (stat(dir, &st) != 0 && mkdir(dir, 0777) != 0)
         die("--dump-hidden '%s': cannot create the directory: %s", dir, strerror(errno));
@@ -9311,6 +9363,15 @@ static void dump_prepare(const char *dir, const Tap *tp, const char *model, cons
     if (theirs && stat(theirs, &si) == 0 && si.st_dev == st.st_dev && si.st_ino == st.st_ino)
         die("--dump-hidden '%s' is the --diff-hidden directory: their files would be overwritten",
             dir);
+    if (diff_out) { // the table's directory: its name up to the last '/'
+        char od[PATH_MAX];
+        const char *slash = strrchr(diff_out, '/');
+        snprintf(od, sizeof od, "%.*s", slash ? (int)(slash - diff_out) + 1 : 1,
+                 slash ? diff_out : ".");
+        if (stat(od, &si) == 0 && si.st_dev == st.st_dev && si.st_ino == st.st_ino)
+            die("--diff-out '%s' is in the --dump-hidden directory '%s': give it a place outside "
+                "the dump", diff_out, dir);
+    }
     int have_model = stat(model, &sm) == 0;
     int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(tp->c, kinds, layers);
     char path[PATH_MAX], name[64];
@@ -9327,11 +9388,21 @@ static void dump_prepare(const char *dir, const Tap *tp, const char *model, cons
 }
 
 // --dump-hidden DIR: every tensor the run wrote, then the manifest (written last: a reader that
-// finds it finds every file it lists).
+// finds it finds every file it lists). An older dump's manifest and its files of the names this
+// run writes are deleted first, so that a dump that fails on the way leaves no manifest and no
+// mix of two runs' files under those names.
 static void dump_hidden(const char *dir, const Tap *tp) {
-    char mpath[PATH_MAX], name[64], hf[200];
+    char mpath[PATH_MAX], name[64], hf[200], path[PATH_MAX];
     snprintf(mpath, sizeof mpath, "%s/manifest.tsv", dir);
     int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(tp->c, kinds, layers), files = 0;
+    for (int i = -1; i < n; i++) {
+        if (i >= 0 && !tp->by[tap_slot(tp->c, kinds[i], layers[i])]) continue;
+        if (i >= 0) snprintf(path, sizeof path, "%s/%s.npy", dir,
+                             tap_name(tp->c, kinds[i], layers[i], name, sizeof name));
+        if (unlink(i < 0 ? mpath : path) != 0 && errno != ENOENT)
+            die("--dump-hidden: cannot delete the old '%s': %s", i < 0 ? mpath : path,
+                strerror(errno));
+    }
     for (int i = 0; i < n; i++)
         if (tp->by[tap_slot(tp->c, kinds[i], layers[i])]) npy_write(dir, tp, kinds[i], layers[i]);
     FILE *f = output_open("--dump-hidden", mpath);
@@ -9659,7 +9730,8 @@ static int mode_hidden(const Args *a, Model *m, const Tokenizer *tok) {
                                                                      : HIDDEN_MAX_REL;
     Tap ours, theirs;
     tap_init(&ours, c, n, filter);
-    if (a->hidden_dump) dump_prepare(a->hidden_dump, &ours, a->model_path, a->hidden_diff);
+    if (a->hidden_dump)
+        dump_prepare(a->hidden_dump, &ours, a->model_path, a->hidden_diff, a->diff_out);
     char missing[2000] = "";
     int n_miss = 0, rc = 0, half = 0;
     FILE *tsv = NULL;

@@ -59,23 +59,29 @@ given() { # given FLAG...: one of these flags is among the caller's
     return 1
 }
 # The daily settings are generation's and chat's (the prompt: generation's alone); a mode that
-# samples nothing (--bench, --info, --perplexity, ...) takes the caller's flags as they are.
-chat=0; other=0
-given --chat -cnv && chat=1
+# samples nothing (--bench, --info, --perplexity, ...) takes the caller's flags as they are, but
+# the dumps and diffs of a prompt's logits or hidden states get the default prompt if none is given.
+chat=0; other=0; of_prompt=0
+given --chat -cnv --conversation && chat=1
 given --bench --info --perplexity --kl-divergence --kl-divergence-base --tokenize --detokenize \
-    --diff-logits --dump-logits && other=1
+    --diff-logits --dump-logits --dump-hidden --diff-hidden && other=1
+given --diff-logits --dump-logits --dump-hidden --diff-hidden && of_prompt=1
+has_prompt() { given -p --prompt -f --file --tokens; }
 extra=()
 if [ $other = 0 ]; then
-    [ $chat = 1 ] || given -p --prompt -f --file --tokens || extra+=(-p "$prompt")
+    [ $chat = 1 ] || has_prompt || extra+=(-p "$prompt")
     given -c --ctx-size || extra+=("${ctx[@]}")
     given --temp || extra+=(--temp 0.7)
     given --top-p || extra+=(--top-p 0.8)
+elif [ $of_prompt = 1 ]; then
+    has_prompt || extra+=(-p "$prompt")
 fi
 # without a GPU, --cpu for the modes that run the model (--bench needs a GPU and says so; --info,
 # --tokenize and --detokenize run nothing)
 if ! nvidia-smi >/dev/null 2>&1 && ! given --cpu --bench --info --tokenize --detokenize; then
     echo "note: no NVIDIA GPU here: using the plain-C reference path (--cpu), one thread, fp32." \
-         "It runs a Qwen3-0.6B Q4_0 at about 0.85 s per token on 2 cores: pick a model that small." >&2
+         "It runs a Qwen3-0.6B Q4_0 at about 0.85 s per token on 2 cores:" \
+         "pick a model that small." >&2
     extra+=(--cpu)
 fi
 exec "$here/qwen" -m "$model" "${extra[@]}" "$@"

@@ -53,7 +53,9 @@ static uint32_t uni_fold(uint32_t cp) {
     return cp;
 }
 
-static int uni_ccc(uint32_t cp) { return cp < 0x300 ? 0 : (int)range_lookup(UNI_CCC_RANGES, NELEM(UNI_CCC_RANGES), cp); }
+static int uni_ccc(uint32_t cp) {
+    return cp < 0x300 ? 0 : (int)range_lookup(UNI_CCC_RANGES, NELEM(UNI_CCC_RANGES), cp);
+}
 
 // UTF-8 -> code points. An ill-formed sequence is replaced by one U+FFFD per maximal subpart (the
 // longest prefix of a valid sequence), as Python's and the WHATWG decoders do. Returns the count;
@@ -91,13 +93,21 @@ static int utf8_to_cps(const unsigned char *s, size_t len, uint32_t *out) {
 }
 
 // length of the UTF-8 sequence a lead byte starts (0: not a lead byte)
-static int utf8_seq_len(unsigned char c) { return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0; }
+static int utf8_seq_len(unsigned char c) {
+    return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+}
 
 static int cp_to_utf8(uint32_t cp, char *out) {
     if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) { out[0] = (char)(0xc0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3f)); return 2; }
+    if (cp < 0x800) {
+        out[0] = (char)(0xc0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3f));
+        return 2;
+    }
     if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | (cp >> 12)); out[1] = (char)(0x80 | ((cp >> 6) & 0x3f)); out[2] = (char)(0x80 | (cp & 0x3f));
+        out[0] = (char)(0xe0 | (cp >> 12));
+        out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
+        out[2] = (char)(0x80 | (cp & 0x3f));
         return 3;
     }
     out[0] = (char)(0xf0 | (cp >> 18)); out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
@@ -107,8 +117,17 @@ static int cp_to_utf8(uint32_t cp, char *out) {
 
 // --- NFC: canonical decomposition, canonical ordering, canonical composition ---
 // Hangul syllables are decomposed and composed arithmetically (Unicode §3.12).
-enum { H_SBASE = 0xac00, H_LBASE = 0x1100, H_VBASE = 0x1161, H_TBASE = 0x11a7, H_LCOUNT = 19, H_VCOUNT = 21,
-       H_TCOUNT = 28, H_NCOUNT = H_VCOUNT * H_TCOUNT, H_SCOUNT = H_LCOUNT * H_NCOUNT };
+enum {
+    H_SBASE = 0xac00,
+    H_LBASE = 0x1100,
+    H_VBASE = 0x1161,
+    H_TBASE = 0x11a7,
+    H_LCOUNT = 19,
+    H_VCOUNT = 21,
+    H_TCOUNT = 28,
+    H_NCOUNT = H_VCOUNT * H_TCOUNT,
+    H_SCOUNT = H_LCOUNT * H_NCOUNT
+};
 
 static const uint32_t *decomp_of(uint32_t cp) {
     int lo = 0, hi = NELEM(UNI_DECOMP) - 1;
@@ -140,7 +159,8 @@ static int decompose(uint32_t cp, uint32_t *out) {
 static uint32_t compose_pair(uint32_t a, uint32_t b) {
     if (a >= H_LBASE && a < H_LBASE + H_LCOUNT && b >= H_VBASE && b < H_VBASE + H_VCOUNT)
         return H_SBASE + ((a - H_LBASE) * H_VCOUNT + (b - H_VBASE)) * H_TCOUNT;
-    if (a >= H_SBASE && a < H_SBASE + H_SCOUNT && (a - H_SBASE) % H_TCOUNT == 0 && b > H_TBASE && b < H_TBASE + H_TCOUNT)
+    if (a >= H_SBASE && a < H_SBASE + H_SCOUNT && (a - H_SBASE) % H_TCOUNT == 0 && b > H_TBASE &&
+        b < H_TBASE + H_TCOUNT)
         return a + (b - H_TBASE);
     int lo = 0, hi = NELEM(UNI_COMPOSE) - 1;
     while (lo <= hi) {
@@ -170,7 +190,8 @@ static int nfc_quick_no(uint32_t c) { // NFC_Quick_Check is No or Maybe
 
 // NFC of cps[0..n) into out (room for NFC_MAX_DECOMP * n + 1); returns the count.
 static int nfc(const uint32_t *cps, int n, uint32_t *out) {
-    int quick = 1; // quick check: no combining mark and no code point with NFC_QC No/Maybe -> already NFC
+    // quick check: no combining mark and no code point with NFC_QC No/Maybe -> already NFC
+    int quick = 1;
     for (int i = 0; i < n && quick; i++)
         if (cps[i] >= 0x300 && (uni_ccc(cps[i]) || nfc_quick_no(cps[i]))) quick = 0;
     if (quick) {
@@ -246,7 +267,8 @@ static int pretok_match(const uint32_t *c, int n, int pos, int pre) {
     }
     // 3. a single number
     if (FL(pos) & UNI_NUMBER) return 1;
-    // 4. an optional space, a run of "other" characters (not whitespace, letter, number; qwen35: mark), CR/LF
+    // 4. an optional space, a run of "other" characters (not whitespace, letter, number; qwen35:
+    // mark), CR/LF
     {
         int other = UNI_SPACE | UNI_LETTER | UNI_NUMBER | (pre == PRE_QWEN35 ? UNI_MARK : 0);
         int i = pos + (c[pos] == ' ');
@@ -275,7 +297,14 @@ static int pretok_match(const uint32_t *c, int n, int pos, int pre) {
 // Vocabulary, merges, special tokens
 // ------------------------------------------------------------------------------------------------
 
-enum { TOK_NORMAL = 1, TOK_UNKNOWN = 2, TOK_CONTROL = 3, TOK_USER_DEFINED = 4, TOK_UNUSED = 5, TOK_BYTE = 6 };
+enum {
+    TOK_NORMAL = 1,
+    TOK_UNKNOWN = 2,
+    TOK_CONTROL = 3,
+    TOK_USER_DEFINED = 4,
+    TOK_UNUSED = 5,
+    TOK_BYTE = 6
+};
 
 // Open-addressing hash map from a byte string to an int. The keys live in the mapped file (the
 // vocabulary's strings): a slot keeps the key as a 32-bit offset from `base`, its length and its
@@ -303,8 +332,10 @@ static void hm_init(HashMap *m, int n, const char *base) {
     m->mask = cap - 1;
     m->base = base;
 }
-static void hm_put(HashMap *m, const char *key, int len, int value) { // keeps the first value of a key
-    if ((size_t)(key - m->base) > UINT32_MAX) die("tokenizer: vocabulary strings lie more than 4 GiB into the file");
+// keeps the first value of a key
+static void hm_put(HashMap *m, const char *key, int len, int value) {
+    if ((size_t)(key - m->base) > UINT32_MAX)
+        die("tokenizer: vocabulary strings lie more than 4 GiB into the file");
     uint32_t h = hash_bytes(key, len);
     for (uint32_t i = h & m->mask;; i = (i + 1) & m->mask) {
         HashSlot *s = &m->slots[i];
@@ -323,7 +354,8 @@ static int hm_get(const HashMap *m, const char *key, int len) {
 
 typedef struct {
     int n_vocab;
-    const char **text;   // (n_vocab) token text as stored (byte-level characters), in the mapped file
+    // (n_vocab) token text as stored (byte-level characters), in the mapped file
+    const char **text;
     int *text_len;       // (n_vocab)
     int *type;           // (n_vocab) TOK_*
     char *pieces;        // (sum of piece_len) decoded bytes of every token, back to back
@@ -337,7 +369,8 @@ typedef struct {
     int nfc;             // Qwen2/2.5/3's normalizer: NFC before pre-tokenizing
     int bos_id, eos_id, eot_id, im_start_id, im_end_id;
     int add_bos;
-    char chat_template_default_system[128]; // default system prompt of the file's chat template, if any
+    // default system prompt of the file's chat template, if any
+    char chat_template_default_system[128];
     // the GPT-2 byte map: byte -> its character as UTF-8
     char byte_char[256][3];
     int byte_char_len[256];
@@ -350,16 +383,21 @@ static int byte_to_codepoint(int b) {
     if (self) return b;
     int k = 0;
     for (int x = 0; x < b; x++)
-        if (!((x >= 0x21 && x <= 0x7e) || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff))) k++;
+        if (!((x >= 0x21 && x <= 0x7e) || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff)))
+            k++;
     return 256 + k;
 }
-static int g_byte_of_cp[324]; // inverse of byte_to_codepoint, -1 elsewhere (filled by tokenizer_init)
+// inverse of byte_to_codepoint, -1 elsewhere (filled by tokenizer_init)
+static int g_byte_of_cp[324];
 static int codepoint_to_byte(uint32_t cp) { return cp < 324 ? g_byte_of_cp[cp] : -1; }
 
-static int tok_id(const Tokenizer *t, const char *text) { return hm_get(&t->token_id, text, (int)strlen(text)); }
+static int tok_id(const Tokenizer *t, const char *text) {
+    return hm_get(&t->token_id, text, (int)strlen(text));
+}
 
 static void tokenizer_free(Tokenizer *t);
-static int hex_digit(int c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; } // c an ASCII hex digit
+// c an ASCII hex digit
+static int hex_digit(int c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; }
 static int cmp_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x > y) - (x < y);
@@ -367,7 +405,8 @@ static int cmp_u64(const void *a, const void *b) {
 
 // Read the vocabulary from the GGUF. Errors name the key; a file without a tokenizer is an error
 // only when text is encoded or decoded.
-static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *err, size_t errlen) {
+static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *err,
+                          size_t errlen) {
     memset(t, 0, sizeof *t);
     const GGUFKV *tokens = gguf_find(g, "tokenizer.ggml.tokens");
     if (!tokens || tokens->type != GGUF_TYPE_ARRAY || tokens->arr_type != GGUF_TYPE_STRING) {
@@ -377,34 +416,43 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     char model[32] = "", pre[32] = "";
     gguf_str(g, "tokenizer.ggml.model", model, sizeof model);
     if (strcmp(model, "gpt2") != 0) {
-        snprintf(err, errlen, "tokenizer.ggml.model is '%s'; qwen.cu reads byte-level BPE ('gpt2') vocabularies", model);
+        snprintf(err, errlen,
+                 "tokenizer.ggml.model is '%s'; qwen.cu reads byte-level BPE ('gpt2') vocabularies",
+                 model);
         return -1;
     }
     gguf_str(g, "tokenizer.ggml.pre", pre, sizeof pre);
     if (!strcmp(pre, "qwen35")) t->pre = PRE_QWEN35;
-    else if (!strcmp(pre, "qwen2") || !strcmp(pre, "deepseek-r1-qwen") || !strcmp(pre, "kormo") || !strcmp(pre, "f2llmv2"))
+    else if (!strcmp(pre, "qwen2") || !strcmp(pre, "deepseek-r1-qwen") || !strcmp(pre, "kormo") ||
+             !strcmp(pre, "f2llmv2"))
         t->pre = PRE_QWEN2;
     else {
-        snprintf(err, errlen, "tokenizer.ggml.pre is '%s'; qwen.cu knows the 'qwen2' and 'qwen35' pre-tokenizers", pre);
+        snprintf(
+            err, errlen,
+            "tokenizer.ggml.pre is '%s'; qwen.cu knows the 'qwen2' and 'qwen35' pre-tokenizers",
+            pre);
         return -1;
     }
     t->nfc = t->pre == PRE_QWEN2; // Qwen3.5's tokenizer has no normalizer
     for (int i = 0; i < 324; i++) g_byte_of_cp[i] = -1;
     for (int b = 0; b < 256; b++) g_byte_of_cp[byte_to_codepoint(b)] = b;
     if (tokens->n > MAX_VOCAB) {
-        snprintf(err, errlen, "tokenizer.ggml.tokens has %llu entries, more than the %d this engine takes",
+        snprintf(err, errlen,
+                 "tokenizer.ggml.tokens has %llu entries, more than the %d this engine takes",
                  (unsigned long long)tokens->n, MAX_VOCAB);
         return -1;
     }
     int n = (int)tokens->n;
-    if (n_vocab_model > 0 && n > n_vocab_model) n = n_vocab_model; // ids past the embedding cannot be used
+    // ids past the embedding cannot be used
+    if (n_vocab_model > 0 && n > n_vocab_model) n = n_vocab_model;
     t->n_vocab = n;
     t->text = (const char **)xmalloc((size_t)n * sizeof(char *), "the vocabulary");
     t->text_len = (int *)xmalloc((size_t)n * sizeof(int), "the vocabulary");
     t->type = (int *)xmalloc((size_t)n * sizeof(int), "the vocabulary");
     t->eog = (unsigned char *)xcalloc(n, 1, "the vocabulary");
     const GGUFKV *types = gguf_find(g, "tokenizer.ggml.token_type");
-    int have_types = types && types->type == GGUF_TYPE_ARRAY && types->arr_type == GGUF_TYPE_I32 && types->n >= (uint64_t)n;
+    int have_types = types && types->type == GGUF_TYPE_ARRAY && types->arr_type == GGUF_TYPE_I32 &&
+                     types->n >= (uint64_t)n;
     hm_init(&t->token_id, n, (const char *)g->base);
     const uint8_t *p = tokens->data;
     size_t total = 0;
@@ -419,12 +467,13 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
         hm_put(&t->token_id, t->text[i], (int)len, i);
     }
     if (total >= INT32_MAX) { // piece offsets are ints
-        snprintf(err, errlen, "the vocabulary's token texts add up to %zu bytes, more than 2 GiB", total);
+        snprintf(err, errlen, "the vocabulary's token texts add up to %zu bytes, more than 2 GiB",
+                 total);
         tokenizer_free(t);
         return -1;
     }
-    // decoded bytes of each token: normal tokens through the inverse byte map, <0xXX> byte tokens to
-    // their byte, the others (control, user-defined, unused) as their text
+    // decoded bytes of each token: normal tokens through the inverse byte map, <0xXX> byte tokens
+    // to their byte, the others (control, user-defined, unused) as their text
     t->pieces = (char *)xmalloc(total + 1, "the vocabulary");
     t->piece_off = (int *)xmalloc((size_t)n * sizeof(int), "the vocabulary");
     t->piece_len = (int *)xmalloc((size_t)n * sizeof(int), "the vocabulary");
@@ -434,7 +483,8 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
         const unsigned char *s = (const unsigned char *)t->text[i];
         int len = t->text_len[i];
         if (t->type[i] == TOK_NORMAL) {
-            for (int k = 0; k < len;) { // the byte characters are U+0021..U+0143: 1 or 2 UTF-8 bytes
+            // the byte characters are U+0021..U+0143: 1 or 2 UTF-8 bytes
+            for (int k = 0; k < len;) {
                 int b = -1, bytes = 1;
                 if (s[k] < 0x80) b = codepoint_to_byte(s[k]);
                 else if ((s[k] >> 5) == 6 && k + 1 < len) {
@@ -450,7 +500,8 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
                 }
                 k += bytes;
             }
-        } else if (t->type[i] == TOK_BYTE && len == 6 && !memcmp(s, "<0x", 3) && isxdigit(s[3]) && isxdigit(s[4]) &&
+        } else if (t->type[i] == TOK_BYTE && len == 6 && !memcmp(s, "<0x", 3) && isxdigit(s[3]) &&
+                   isxdigit(s[4]) &&
                    s[5] == '>') { // <0xXX>: exactly two hex digits (the text is not NUL-terminated)
             t->pieces[off++] = (char)(hex_digit(s[3]) * 16 + hex_digit(s[4]));
         } else {
@@ -463,7 +514,8 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     const GGUFKV *merges = gguf_find(g, "tokenizer.ggml.merges");
     if (merges && merges->type == GGUF_TYPE_ARRAY && merges->arr_type == GGUF_TYPE_STRING) {
         if (merges->n > MAX_VOCAB) { // the hash table is sized from the count
-            snprintf(err, errlen, "tokenizer.ggml.merges has %llu entries, more than the %d this engine takes",
+            snprintf(err, errlen,
+                     "tokenizer.ggml.merges has %llu entries, more than the %d this engine takes",
                      (unsigned long long)merges->n, MAX_VOCAB);
             tokenizer_free(t);
             return -1;
@@ -481,26 +533,36 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     // special and added tokens, longest first; end-of-generation tokens by their text
     t->special = (int *)xmalloc((size_t)n * sizeof(int), "the vocabulary");
     for (int i = 0; i < n; i++)
-        if (t->type[i] == TOK_CONTROL || t->type[i] == TOK_USER_DEFINED || t->type[i] == TOK_UNKNOWN) t->special[t->n_special++] = i;
+        if (t->type[i] == TOK_CONTROL || t->type[i] == TOK_USER_DEFINED ||
+            t->type[i] == TOK_UNKNOWN)
+            t->special[t->n_special++] = i;
     { // by length, longest first, ids in order among equal lengths: as keys (2^31 - 1 - length, id)
         // sorted by qsort (any token may be marked special, so there can be many)
-        uint64_t *key = (uint64_t *)xmalloc((size_t)t->n_special * sizeof *key + 1, "the vocabulary");
+        uint64_t *key =
+            (uint64_t *)xmalloc((size_t)t->n_special * sizeof *key + 1, "the vocabulary");
         for (int i = 0; i < t->n_special; i++)
-            key[i] = (uint64_t)(INT32_MAX - t->text_len[t->special[i]]) << 32 | (uint32_t)t->special[i];
+            key[i] =
+                (uint64_t)(INT32_MAX - t->text_len[t->special[i]]) << 32 | (uint32_t)t->special[i];
         qsort(key, (size_t)t->n_special, sizeof *key, cmp_u64);
         for (int i = 0; i < t->n_special; i++) t->special[i] = (int)(uint32_t)key[i];
         free(key);
     }
-    static const char *EOG_TEXT[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<|eom_id|>", "<EOT>",
-                                     "<|fim_pad|>", "<|fim_repo|>", "<|repo_name|>", "<|file_sep|>", "<|end_of_text|>"};
+    static const char *EOG_TEXT[] = {
+        "<|im_end|>",  "<|endoftext|>", "<|eot_id|>",    "<|end|>",      "<|eom_id|>",     "<EOT>",
+        "<|fim_pad|>", "<|fim_repo|>",  "<|repo_name|>", "<|file_sep|>", "<|end_of_text|>"};
     for (size_t k = 0; k < sizeof EOG_TEXT / sizeof EOG_TEXT[0]; k++) {
         int id = tok_id(t, EOG_TEXT[k]);
         if (id >= 0) { t->eog[id] = 1; t->type[id] = TOK_CONTROL; }
     }
-#define ID_KEY(field, key) do { \
-        const GGUFKV *kv_ = gguf_find(g, key); uint32_t v_ = 0; \
-        t->field = -1; \
-        if (kv_ && kv_->type == GGUF_TYPE_U32) { memcpy(&v_, kv_->data, 4); if (v_ < (uint32_t)n) t->field = (int)v_; } \
+#define ID_KEY(field, key)                                                                         \
+    do {                                                                                           \
+        const GGUFKV *kv_ = gguf_find(g, key);                                                     \
+        uint32_t v_ = 0;                                                                           \
+        t->field = -1;                                                                             \
+        if (kv_ && kv_->type == GGUF_TYPE_U32) {                                                   \
+            memcpy(&v_, kv_->data, 4);                                                             \
+            if (v_ < (uint32_t)n) t->field = (int)v_;                                              \
+        }                                                                                          \
     } while (0)
     ID_KEY(bos_id, "tokenizer.ggml.bos_token_id");
     ID_KEY(eos_id, "tokenizer.ggml.eos_token_id");
@@ -514,28 +576,38 @@ static int tokenizer_init(Tokenizer *t, const GGUF *g, int n_vocab_model, char *
     // the chat template's default system prompt (Qwen2/2.5 templates add one; Qwen3's do not)
     const GGUFKV *tmpl = gguf_find(g, "tokenizer.chat_template");
     if (tmpl && tmpl->type == GGUF_TYPE_STRING) {
-        static const char *DEFAULTS[] = {"You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
-                                         "You are a helpful assistant."};
+        static const char *DEFAULTS[] = {
+            "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+            "You are a helpful assistant."};
         for (int k = 0; k < 2 && !t->chat_template_default_system[0]; k++) {
             size_t dl = strlen(DEFAULTS[k]);
             for (uint64_t i = 0; i + dl <= tmpl->n; i++)
                 if (!memcmp(tmpl->data + i, DEFAULTS[k], dl)) {
-                    snprintf(t->chat_template_default_system, sizeof t->chat_template_default_system, "%s", DEFAULTS[k]);
+                    snprintf(t->chat_template_default_system,
+                             sizeof t->chat_template_default_system, "%s", DEFAULTS[k]);
                     break;
                 }
         }
     }
-    for (int b = 0; b < 256; b++) t->byte_char_len[b] = cp_to_utf8((uint32_t)byte_to_codepoint(b), t->byte_char[b]);
+    for (int b = 0; b < 256; b++)
+        t->byte_char_len[b] = cp_to_utf8((uint32_t)byte_to_codepoint(b), t->byte_char[b]);
     return 0;
 }
 
 static void tokenizer_free(Tokenizer *t) {
-    free(t->text); free(t->text_len); free(t->type); free(t->pieces); free(t->piece_off); free(t->piece_len);
+    free(t->text);
+    free(t->text_len);
+    free(t->type);
+    free(t->pieces);
+    free(t->piece_off);
+    free(t->piece_len);
     free(t->eog); free(t->token_id.slots); free(t->merge_rank.slots); free(t->special);
     memset(t, 0, sizeof *t);
 }
 
-static int tokenizer_is_eog(const Tokenizer *t, int id) { return id >= 0 && id < t->n_vocab && t->eog[id]; }
+static int tokenizer_is_eog(const Tokenizer *t, int id) {
+    return id >= 0 && id < t->n_vocab && t->eog[id];
+}
 
 // ------------------------------------------------------------------------------------------------
 // Encoding
@@ -564,12 +636,15 @@ typedef struct {
     char *key; int key_cap;         // "left right" lookup key
 } BpeScratch;
 
-static int bigram_before(const Bigram *a, const Bigram *b) { return a->rank < b->rank || (a->rank == b->rank && a->left < b->left); }
+static int bigram_before(const Bigram *a, const Bigram *b) {
+    return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
+}
 
 static void heap_push(BpeScratch *s, Bigram b) {
     if (s->heap_n == s->heap_cap) {
         s->heap_cap = s->heap_cap ? 2 * s->heap_cap : 64;
-        s->heap = (Bigram *)xrealloc(s->heap, (size_t)s->heap_cap * sizeof(Bigram), "the BPE queue");
+        s->heap =
+            (Bigram *)xrealloc(s->heap, (size_t)s->heap_cap * sizeof(Bigram), "the BPE queue");
     }
     int i = s->heap_n++;
     s->heap[i] = b;
@@ -620,7 +695,8 @@ static void bpe_word(const Tokenizer *t, BpeScratch *s, const uint32_t *cps, int
     }
     if (n * 4 > s->sym_cap) {
         s->sym_cap = 2 * n * 4;
-        s->sym = (Symbol *)xrealloc(s->sym, (size_t)s->sym_cap * sizeof(Symbol), "a pre-tokenized word");
+        s->sym =
+            (Symbol *)xrealloc(s->sym, (size_t)s->sym_cap * sizeof(Symbol), "a pre-tokenized word");
     }
     int wl = 0, ns = 0;
     for (int i = 0; i < n; i++) {
@@ -640,7 +716,8 @@ static void bpe_word(const Tokenizer *t, BpeScratch *s, const uint32_t *cps, int
     while (s->heap_n) {
         Bigram b = heap_pop(s);
         Symbol *l = &s->sym[b.left], *r = &s->sym[b.right];
-        if (l->len == 0 || r->len == 0 || l->len + r->len != b.len || l->next != b.right) continue; // stale
+        // a stale entry: one side merged into another since it was queued
+        if (l->len == 0 || r->len == 0 || l->len + r->len != b.len || l->next != b.right) continue;
         l->len += r->len; // merge right into left (they are adjacent in the word)
         r->len = 0;
         l->next = r->next;
@@ -662,12 +739,14 @@ static void bpe_word(const Tokenizer *t, BpeScratch *s, const uint32_t *cps, int
 }
 
 // A raw text fragment (no special tokens in it) -> ids.
-static void encode_fragment(const Tokenizer *t, BpeScratch *s, const char *text, size_t len, IdList *out) {
+static void encode_fragment(const Tokenizer *t, BpeScratch *s, const char *text, size_t len,
+                            IdList *out) {
     if (len == 0) return;
     uint32_t *cps = (uint32_t *)xmalloc(len * 4 + 4, "the text's code points");
     int n = utf8_to_cps((const unsigned char *)text, len, cps);
     if (t->nfc) {
-        uint32_t *norm = (uint32_t *)xmalloc(((size_t)n * NFC_MAX_DECOMP + 1) * 4, "the text's NFC form");
+        uint32_t *norm =
+            (uint32_t *)xmalloc(((size_t)n * NFC_MAX_DECOMP + 1) * 4, "the text's NFC form");
         n = nfc(cps, n, norm);
         free(cps);
         cps = norm;
@@ -683,8 +762,10 @@ static void encode_fragment(const Tokenizer *t, BpeScratch *s, const char *text,
 // Text -> ids. Special and added tokens are split out first, longest first (with parse_special = 0
 // only user-defined ones, such as <think>, are; control tokens are then plain text). BOS is added
 // only when the file asks for it (Qwen files do not).
-static int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int parse_special, int **ids_out) {
-    if (t->n_vocab == 0) die("this model file has no tokenizer: pass the prompt as ids with --tokens");
+static int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int parse_special,
+                            int **ids_out) {
+    if (t->n_vocab == 0)
+        die("this model file has no tokenizer: pass the prompt as ids with --tokens");
     IdList out = {NULL, 0, 0};
     BpeScratch s;
     memset(&s, 0, sizeof s);
@@ -708,8 +789,12 @@ static int tokenizer_encode(const Tokenizer *t, const char *text, size_t len, in
                 if (base[i] == tx[0] && !memcmp(base + i, tx, tl)) { hit = base + i; break; }
             if (!hit) continue;
             // split: [left][token][right]; continue scanning in right (the next f)
-            if (nf + 2 > cap) { cap = 2 * (nf + 2); fr = (Frag *)xrealloc(fr, cap * sizeof(Frag), "the special-token split"); }
-            size_t left = (size_t)(hit - base), right_start = fr[f].start + left + tl, right_len = fr[f].len - left - tl;
+            if (nf + 2 > cap) {
+                cap = 2 * (nf + 2);
+                fr = (Frag *)xrealloc(fr, cap * sizeof(Frag), "the special-token split");
+            }
+            size_t left = (size_t)(hit - base), right_start = fr[f].start + left + tl,
+                   right_len = fr[f].len - left - tl;
             memmove(&fr[f + 3], &fr[f + 1], (size_t)(nf - f - 1) * sizeof(Frag));
             Frag orig = fr[f];
             fr[f] = (Frag){orig.start, left, -1};
@@ -763,13 +848,15 @@ static void stream_bytes(Stream *st, const char *bytes, int len) {
             if (need == 1) { fputc(c, st->f); continue; }
             if (need == 0) { fputs("\xef\xbf\xbd", st->f); continue; } // a stray continuation byte
         }
-        if ((unsigned)st->n >= 4) st->n = 0; // cannot happen (need <= 4): bounds it for the compiler
+        // cannot happen (need <= 4): bounds it for the compiler
+        if ((unsigned)st->n >= 4) st->n = 0;
         st->pend[st->n++] = c;
         int need = utf8_seq_len(st->pend[0]);
         if (st->n == need) { // whole: valid, or up to `need` U+FFFDs (utf8_seq_len takes lead bytes
                              // such as F5 or an overlong E0 80 that utf8_to_cps then rejects)
             uint32_t cp[4];
-            if (utf8_to_cps(st->pend, (size_t)need, cp) == 1 && cp[0] != 0xfffd) fwrite(st->pend, 1, need, st->f);
+            if (utf8_to_cps(st->pend, (size_t)need, cp) == 1 && cp[0] != 0xfffd)
+                fwrite(st->pend, 1, need, st->f);
             else fputs("\xef\xbf\xbd", st->f);
             st->n = 0;
         }
@@ -782,13 +869,17 @@ static void stream_flush(Stream *st) {
 }
 
 // Ids -> a NUL-terminated malloc'd string (raw bytes, as the tokens hold them).
-static char *tokenizer_decode(const Tokenizer *t, const int *ids, int n, int special, size_t *len_out) {
+static char *tokenizer_decode(const Tokenizer *t, const int *ids, int n, int special,
+                              size_t *len_out) {
     size_t cap = 64, len = 0;
     char *s = (char *)xmalloc(cap, "the decoded text");
     for (int i = 0; i < n; i++) {
         int l;
         const char *p = tokenizer_piece(t, ids[i], special, &l);
-        if (len + l + 1 > cap) { cap = 2 * (len + l + 1); s = (char *)xrealloc(s, cap, "the decoded text"); }
+        if (len + l + 1 > cap) {
+            cap = 2 * (len + l + 1);
+            s = (char *)xrealloc(s, cap, "the decoded text");
+        }
         memcpy(s + len, p, l);
         len += l;
     }
@@ -800,16 +891,20 @@ static char *tokenizer_decode(const Tokenizer *t, const int *ids, int n, int spe
 // ------------------------------------------------------------------------------------------------
 // Chat: Qwen's ChatML
 // ------------------------------------------------------------------------------------------------
-//   <|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n
+//   <|im_start|>system\n{system}<|im_end|>\n
+//   <|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n   (one string)
 // The system turn appears on the first turn only, when given or when the file's template has a
 // default one (Qwen2/2.5). Qwen3/3.5 think before answering; with thinking off their templates
 // open the answer with an empty think block, "<think>\n\n</think>\n\n".
 // *user_at: where the user's text starts in the turn (its length is strlen(user)), so that a caller
 // can read the tags as special tokens and the user's text as plain text (--no-parse-special).
 
-static char *chat_turn(const Tokenizer *t, const char *system, const char *user, int first, int no_think,
-                       size_t *user_at) {
-    const char *sys = system ? system : (first && t->chat_template_default_system[0] ? t->chat_template_default_system : NULL);
+static char *chat_turn(const Tokenizer *t, const char *system, const char *user, int first,
+                       int no_think, size_t *user_at) {
+    const char *sys =
+        system ? system
+               : (first && t->chat_template_default_system[0] ? t->chat_template_default_system
+                                                              : NULL);
     size_t cap = strlen(user) + (sys ? strlen(sys) : 0) + 256;
     char *s = (char *)xmalloc(cap, "a chat turn");
     int n = 0;

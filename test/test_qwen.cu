@@ -1402,6 +1402,16 @@ static void test_source_form(void) {
         line += len + (end ? 1 : 0);
     }
     report(n_wide == 0, "source form: qwen.cu lines over 100 columns", n_wide, 0);
+    int tok_wide = 0; // tokenizer.c, which qwen.cu includes, is read the same way
+    for (char *line = tok; *line;) {
+        char *end = strchr(line, '\n');
+        size_t len = end ? (size_t)(end - line) : strlen(line);
+        int cols = 0;
+        for (size_t i = 0; i < len; i++) cols += ((unsigned char)line[i] & 0xc0) != 0x80;
+        tok_wide += cols > 100;
+        line += len + (end ? 1 : 0);
+    }
+    report(tok_wide == 0, "source form: tokenizer.c lines over 100 columns", tok_wide, 0);
     char name[128];
     snprintf(name, sizeof name, "source form: qwen.cu comment-only lines (%d of %d), share >= 0.15",
              n_comment, n_lines);
@@ -1670,6 +1680,23 @@ static void test_sampler(void) {
     Sampler a, b;
     sampler_init(&a, V, 0.0f, 40, 0.95f, 0.05f, 1);
     check(sample(&a, logits) == 17, "sampler: temp 0 is argmax");
+    // a NaN or an infinite largest logit (a broken model) is -1 for greedy as for a draw (the
+    // caller stops); a -inf elsewhere is a token of probability 0
+    int nonfinite = 1;
+    const float nonfin[3] = {INFINITY, NAN, -INFINITY};
+    for (int k = 0; k < 3; k++) {
+        Sampler d;
+        sampler_init(&d, V, 0.8f, 40, 0.95f, 0.05f, 1);
+        float keep = logits[3];
+        logits[3] = nonfin[k];
+        int want = k < 2 ? -1 : 17;
+        nonfinite &= sample(&a, logits) == want && (k < 2 ? sample(&d, logits) == -1
+                                                           : sample(&d, logits) != 3);
+        logits[3] = keep;
+        free(d.cand);
+    }
+    check(nonfinite, "sampler: +inf or NaN in the logits -> -1, greedy and drawn; -inf: a token "
+          "never chosen");
     free(a.cand);
     // same seed -> same stream; different seed -> (almost surely) a different one
     sampler_init(&a, V, 1.5f, 0, 1.0f, 0.0f, 42);
@@ -2800,6 +2827,130 @@ static void test_cli_user3(void) {
             good &= strstr(out, "made") && strstr(out, "removed");
         }
         check(good, "cli-user3 25: the tests' one temporary folder is removed on SIGINT and SIGTERM");
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd)) {}
+}
+
+// A fourth new user's report: two output files open at once, a dump over an older one, sizes past
+// a size_t, a chat whose stdin cannot be read, values that start with '-', long output names,
+// sampler options with nothing to sample, what run.sh passes to the dump modes, and a file with
+// more layers than its block_count.
+static int one_error(const char *out) { // exactly one "error:" line, and it is the last line
+    const char *e = strstr(out, "error:");
+    return e && !strstr(e + 1, "error:") && strchr(e, '\n') && !strchr(e, '\n')[1];
+}
+
+static void test_cli_user4(void) {
+    static char m[512], tm[512], out[1 << 16], cmd[4096];
+    snprintf(m, sizeof m, "%s/trained/qwen3-f16.gguf", DATA);
+    snprintf(tm, sizeof tm, "%s/tiny-qwen3/tiny-qwen3-f32.gguf", DATA);
+    if (!need_fixture(m, "cli-user4 tests (on the trained qwen3)")) return;
+    char dir[128], ids[] = "39,4791,11,1879,0";
+    snprintf(dir, sizeof dir, "%s/user4", TMP);
+    mkdir(dir, 0700);
+    // 1: --dump-hidden with --diff-hidden and --diff-out: both outputs renamed into place
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/ref %s/o && %s -m %s --cpu --tokens %s --dump-hidden "
+             "%s/ref >/dev/null 2>&1 && %s -m %s --cpu --tokens %s --dump-hidden %s/d "
+             "--diff-hidden %s/ref --diff-out %s/o/diff.tsv >/dev/null 2>&1; echo rc=$?; "
+             "ls -A %s/o; test -f %s/d/manifest.tsv && echo manifest", dir, dir, QWEN, m, ids,
+             dir, QWEN, m, ids, dir, dir, dir, dir, dir);
+    run_cmd(cmd, out, sizeof out);
+    check(strstr(out, "rc=0\ndiff.tsv\nmanifest\n") != NULL,
+          "cli-user4 1: --dump-hidden with --diff-out: the table and the dump both in place, no "
+          "temporary file left");
+    if (!strstr(out, "rc=0\ndiff.tsv\nmanifest\n")) printf("     %.400s\n", out);
+    // 2: --diff-out inside the dump's directory is refused before any work
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --tokens %s --dump-hidden %s/d --diff-hidden %s/ref "
+             "--diff-out %s/d/manifest.tsv 2>&1", QWEN, m, ids, dir, dir, dir);
+    int rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 1 && one_error(out) && strstr(out, "is in the --dump-hidden directory"),
+          "cli-user4 2: --diff-out inside the --dump-hidden directory -> one error line, exit 1");
+    // 3: a dump over an older one that fails half way (the file-size limit) leaves no manifest
+    // and none of the older files of the names it writes: --diff-hidden then reads this run's
+    snprintf(cmd, sizeof cmd, "(ulimit -f 100; %s -m %s --cpu --tokens 1,2,3,4,5,6,7,8,9,10,11,12 "
+             "--dump-hidden %s/ref --hidden-filter '.*' >/dev/null 2>&1); echo rc=$?; ls %s/ref | "
+             "grep -c manifest; %s -m %s --cpu --tokens %s --diff-hidden %s/ref 2>&1", QWEN, m,
+             dir, dir, QWEN, m, ids, dir);
+    run_cmd(cmd, out, sizeof out);
+    check(strstr(out, "rc=153\n0\n") && strstr(out, "holds 12 tokens; the prompt has 5") &&
+          !strstr(out, "result: "), "cli-user4 3: a dump killed half way over an older one: no "
+          "manifest, no mix of the two runs (the diff names the new files' tokens)");
+    // 4: --vram-limit past 2^60 bytes, or not finite
+    int good = 1;
+    const char *sizes[3] = {"1e10T", "16777216T", "1e300T"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(cmd, sizeof cmd, "%s -m %s --info --vram-limit %s 2>&1", QWEN, m, sizes[k]);
+        rc = run_cmd(cmd, out, sizeof out);
+        good &= rc == 1 && one_error(out) && strstr(out, "below 1048576T");
+    }
+    check(good, "cli-user4 4: --vram-limit 1e10T, 16777216T, 1e300T -> one error line, exit 1");
+    // 5: a chat whose stdin is a directory: an error, not the end of the chat
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu --chat -n 2 < %s 2>&1", QWEN, tm, dir);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 1 && one_error(out) && strstr(out, "reading standard input failed"),
+          "cli-user4 5: --chat with stdin a directory -> an error, exit 1");
+    // 6: a value with a space that starts with '-' is text; one without is still an option
+    snprintf(cmd, sizeof cmd, "echo hi | %s -m %s --cpu --chat -n 2 --system '-Be brief' "
+             ">/dev/null 2>&1; echo rc=$?; %s -m %s --cpu --chat -n 2 --system -Be 2>&1", QWEN,
+             tm, QWEN, tm);
+    run_cmd(cmd, out, sizeof out);
+    check(strstr(out, "rc=0\n") == out && strstr(out, "the next argument '-Be' is an option"),
+          "cli-user4 6: --system '-Be brief' is a value; --system -Be is a missing value");
+    // 7: an output name of 250 bytes (its temporary name is cut, the name is not)
+    char longname[300];
+    memset(longname, 'c', 250);
+    longname[250] = 0;
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu -p hi --dump-logits %s/%s >/dev/null 2>&1; "
+             "echo rc=$?; ls -A %s | grep -c '^c*$'; ls -A %s | grep -c tmp", QWEN, m, dir,
+             longname, dir, dir);
+    run_cmd(cmd, out, sizeof out);
+    check(!strcmp(out, "rc=0\n1\n0\n"), "cli-user4 7: --dump-logits to a name of 250 bytes -> "
+          "written, no temporary file left");
+    // 8: sampler options with --dump-logits and no -n: nothing is sampled, so they are refused
+    char xbin[200];
+    snprintf(xbin, sizeof xbin, "%s/x.bin", dir);
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu -p hi --dump-logits %s --top-k 3 2>&1", QWEN, m,
+             xbin);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(rc == 1 && one_error(out) && strstr(out, "--top-k does not apply to --dump-logits "
+          "without -n") && access(xbin, F_OK) != 0, "cli-user4 8: --dump-logits --top-k 3 "
+          "without -n -> refused, no file");
+    // 9: a range error echoes the value as typed; a chat -c too small for any turn says so
+    snprintf(cmd, sizeof cmd, "%s -m %s --cpu -p hi --top-p 1e-50 2>&1; echo hi | %s -m %s --cpu "
+             "--chat -c 8 -n 2 2>&1", QWEN, m, QWEN, tm);
+    run_cmd(cmd, out, sizeof out);
+    check(strstr(out, "--top-p '1e-50': must be in (0, 1]") &&
+          strstr(out, "-c 8 cannot hold the shortest turn"),
+          "cli-user4 9: --top-p 1e-50 named as typed; chat -c 8: the context cannot hold a turn");
+    // 10: run.sh gives the dump modes the default prompt and no sampler options
+    snprintf(cmd, sizeof cmd, "./run.sh --dump-hidden %s/rh 2>&1; echo rc=$?", dir);
+    rc = run_cmd(cmd, out, sizeof out);
+    check(strstr(out, "dump-hidden: ") && strstr(out, "rc=0\n"),
+          "cli-user4 10: ./run.sh --dump-hidden DIR -> the default prompt's dump");
+    if (!strstr(out, "rc=0\n")) printf("     %.400s\n", out);
+    // 11: a file whose block_count is one below its layers' tensors: refused, not run short
+    {
+        GGUF g;
+        if (gguf_open(&g, m) != 0) die("test: %s", g.err);
+        const GGUFKV *kv = gguf_find(&g, "qwen3.block_count");
+        uint32_t nb = 0;
+        if (kv) memcpy(&nb, kv->data, 4);
+        char cut[200], want[120];
+        snprintf(cut, sizeof cut, "%s/cut.gguf", dir);
+        uint8_t *copy = (uint8_t *)xmalloc(g.size, "a test");
+        memcpy(copy, g.base, g.size);
+        uint32_t less = nb - 1;
+        if (kv) memcpy(copy + (kv->data - g.base), &less, 4);
+        write_file(cut, copy, g.size);
+        free(copy);
+        gguf_close(&g);
+        snprintf(cmd, sizeof cmd, "%s -m %s --cpu -p hi -n 1 2>&1", QWEN, cut);
+        rc = run_cmd(cmd, out, sizeof out);
+        snprintf(want, sizeof want, "is of layer %u, but qwen3.block_count = %u", less, less);
+        check(kv && rc == 1 && one_error(out) && strstr(out, want), "cli-user4 11: block_count "
+              "one below the file's layers -> one error line naming the tensor, exit 1");
+        if (rc != 1) printf("     rc=%d: %.300s\n", rc, out);
     }
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     if (system(cmd)) {}
@@ -5093,6 +5244,7 @@ int main(int argc, char **argv) {
     test_cli();
     test_cli_user();
     test_cli_user3();
+    test_cli_user4();
     test_diff_logits();
     test_budget();
     test_perplexity();

@@ -1031,7 +1031,7 @@ int main(int argc, char **argv) {
         die("output path too long");
     int fd = mkstemp(tmp);
     if (fd < 0) die("cannot create a file next to '%s': %s", out, strerror(errno));
-    g_partial_file = tmp;
+    g_partial_file[0] = tmp;
     fchmod(fd, 0644);
 
     Cfg *c = (Cfg *)xcalloc(1, sizeof(Cfg), "the config");
@@ -1119,7 +1119,7 @@ int main(int argc, char **argv) {
     }
     if (fsync(fd) != 0 || close(fd) != 0) die("writing '%s' failed: %s", tmp, strerror(errno));
     if (rename(tmp, out) != 0) die("cannot rename '%s' to '%s': %s", tmp, out, strerror(errno));
-    g_partial_file = NULL;
+    g_partial_file[0] = NULL;
     fprintf(stderr, "wrote %s: %s, %lld layers, %d tensors, %.1f MiB\n", out, arch,
             (long long)c->L, g_n_items, (double)(h.n + off) / (1 << 20));
     return 0;

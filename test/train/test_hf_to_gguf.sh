@@ -2,9 +2,9 @@
 # End-to-end test of test/train/hf_to_gguf, CPU only (about a minute):
 #   bash test/train/test_hf_to_gguf.sh
 # 1. random checkpoints (test/train/fake_ckpt.py: qwen3 and qwen35; tied and untied; F16, F32 and
-#    BF16 weights; the model.language_model. prefix) converted, each GGUF checked against its inputs
-#    by test/train/check_hf_to_gguf.py (every key, type and tensor byte), loaded by ./qwen --info
-#    and run by ./qwen --cpu;
+#    BF16 weights; the model.language_model. prefix; 256 and 512 wide) converted, each GGUF
+#    checked against its inputs by test/train/check_hf_to_gguf.py (every key, type and tensor
+#    byte), loaded by ./qwen --info and run by ./qwen --cpu;
 # 2. the truncated vocabulary tokenizes like the full one: the tokenizer test strings whose ids
 #    are all below N give the same ids; with N = 151643 (every ordinary Qwen2 token) all of them do;
 # 3. malformed inputs: each is one "error:" line on stderr, exit status 1, and no output file.
@@ -23,7 +23,8 @@ echo "== 1. conversions"
 i=0
 for spec in "qwen3" "qwen3 --tied 0 --dtype F32 --layers 2" "qwen35" \
         "qwen35 --tied 0 --dtype BF16 --prefix model.language_model." \
-        "qwen35 --dtype F32 --layers 8 --seed 9"; do
+        "qwen35 --dtype F32 --layers 8 --seed 9" "qwen3 --hidden 512 --heads 8 --ffn 1024 --layers 2" \
+        "qwen35 --hidden 512 --heads 8 --ffn 512 --tied 0"; do
     i=$((i + 1))
     read -r -a args <<<"$spec"
     d=$T/ck$i
