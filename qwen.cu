@@ -95,7 +95,8 @@ static int g_stdout_midline = 0;
 // they are being written, one slot each (NULL: free). Two can be open at once: a --diff-out table
 // while --dump-hidden writes its files. die() and the signals that end a run delete them, so that
 // a failed or interrupted write leaves neither a file that looks valid nor a loss of the file that
-// was there. (volatile: the signal handlers read them.)
+// was there (--dump-hidden deletes an older dump's files of its names first: dump_hidden).
+// (volatile: the signal handlers read them.)
 #define N_OUTPUTS 2
 static const char *volatile g_partial_file[N_OUTPUTS];
 // 1 during a chat answer, 2 once Ctrl-C has asked it to stop (the answer ends at the next token,
@@ -1347,10 +1348,13 @@ static void config_from_gguf(Config *c, const GGUF *g) {
     // a tensor of a layer past block_count would be left unused: the file is not what its
     // metadata says (a cut-down or mislabelled model), and running it would look like success
     for (int64_t i = 0; i < g->n_tensors; i++) {
-        int b = -1;
-        if (sscanf(g->tensors[i].name, "blk.%d.", &b) == 1 && b >= n_layer_all)
-            die("tensor '%s' is of layer %d, but %s = %d: the file's tensors and its metadata "
-                "disagree", g->tensors[i].name, b, key, n_layer_all);
+        const char *nm = g->tensors[i].name;
+        char *end;
+        if (strncmp(nm, "blk.", 4) || !isdigit((unsigned char)nm[4])) continue;
+        long b = strtol(nm + 4, &end, 10); // "blk.N.": N digits only, then a '.'
+        if (*end == '.' && b >= n_layer_all)
+            die("tensor '%s' is of layer %ld, but %s = %d: the file's tensors and its metadata "
+                "disagree", nm, b, key, n_layer_all);
     }
     // qwen35 may append multi-token-prediction blocks after the trunk; they are not run
     uint32_t n_nextn = c->arch == ARCH_QWEN35 ? gguf_u32(g, KEY("nextn_predict_layers"), 0, 0) : 0;
@@ -7524,14 +7528,16 @@ static char *read_line_stdin(const char *prompt) {
 // A chat turn of n tokens that does not fit what is left of the context is not read, and the
 // chat goes on: the message says how long the turn is, how much is left, and what can help (a
 // shorter turn; a larger -c only where the model's context allows one).
-static void chat_refuse_turn(int n, int pos, int n_ctx, int n_ctx_train, int min_turn) {
+static void chat_refuse_turn(int n, int pos, int n_ctx, int n_ctx_train, int min_turn,
+                             int with_system) {
     int left = n_ctx - pos;
     const char *more = n_ctx < n_ctx_train ? "; restart with a larger -c for more" : "";
     fprintf(stderr, "%serror: this turn has %d tokens, and the context has %d of its %d left: it "
             "was not read", g_stdout_midline ? "\n" : "", n, left, n_ctx);
     if (min_turn > n_ctx)
-        fprintf(stderr, " (-c %d cannot hold the shortest turn, %d tokens: restart with a larger "
-                "-c)\n", n_ctx, min_turn);
+        fprintf(stderr, " (the context cannot hold the shortest turn, %d tokens%s%s)\n",
+                min_turn, with_system ? ", the --system prompt's included" : "",
+                n_ctx < n_ctx_train ? ": restart with a larger -c" : "");
     else if (min_turn > left)
         fprintf(stderr, " (the context is full: %s ends the chat%s)\n",
                 isatty(0) ? "Ctrl-D" : "the end of the input", more);
@@ -7566,7 +7572,8 @@ static int mode_chat(const Args *a, Model *m, const Tokenizer *tok) {
         if (g.pos + n > a->n_ctx) {
             int *e, min_turn = chat_turn_ids(tok, a->system_prompt, "x", first, a->no_think, 1, &e);
             free(e);
-            chat_refuse_turn(n, g.pos, a->n_ctx, m->c.n_ctx_train, min_turn);
+            chat_refuse_turn(n, g.pos, a->n_ctx, m->c.n_ctx_train, min_turn,
+                             first && a->system_prompt);
             rc = 1;
         } else {
             first = 0;
@@ -8399,7 +8406,9 @@ static int usage(FILE *f) {
         "  -h, --help        this text\n"
         "  --version         the build's commit\n"
         "Each option may be given once. An output file is written under a temporary name and\n"
-        "renamed into place once complete: a failed run leaves the old file as it was.\n");
+        "renamed into place once complete: a failed run leaves the old file as it was (a\n"
+        "--dump-hidden directory: its older manifest and files of the names it writes are\n"
+        "deleted first).\n");
 }
 
 // The value of option argv[*i]. A value that looks like an option ("-n", "--seed": a '-' and a
@@ -8590,15 +8599,15 @@ static void parse_args(Args *a, int argc, char **argv) {
         else if (IS("--hidden-filter")) a->hidden_filter = NEXT(), FOR(MODE_HIDDEN);
         else if (IS("--diff-inject")) a->diff_inject = 1, FOR(MODE_HIDDEN);
         else if (IS("--diff-max-rel")) {
-            a->diff_max_rel = arg_float(o, NEXT());
-            if (!(a->diff_max_rel >= 0))
-                die("--diff-max-rel %g: a relative error is >= 0", a->diff_max_rel);
+            const char *v = NEXT();
+            a->diff_max_rel = arg_float(o, v);
+            if (!(a->diff_max_rel >= 0)) die("--diff-max-rel '%s': a relative error is >= 0", v);
             FOR(MODE_HIDDEN);
         }
         else if (IS("--diff-max-kl")) {
-            a->diff_max_kl = arg_float(o, NEXT());
-            if (a->diff_max_kl < 0)
-                die("--diff-max-kl %g: a KL divergence is >= 0", a->diff_max_kl);
+            const char *v = NEXT();
+            a->diff_max_kl = arg_float(o, v);
+            if (a->diff_max_kl < 0) die("--diff-max-kl '%s': a KL divergence is >= 0", v);
             FOR(MODE_DIFF);
         }
         else if (IS("--cpu")) a->use_cpu = 1, FOR(RUN);
@@ -8669,11 +8678,12 @@ static void parse_args(Args *a, int argc, char **argv) {
     // as in llama.cpp: --temp <= 0 is greedy, --top-k <= 0 is off, --chunks <= 0 (e.g. -1) is all
     if (a->seed == LLAMA_RANDOM_SEED) a->seed = fresh_seed();
     // a logits dump is a measurement, not a generation: tokens follow it only when -n asks, and
-    // without -n an option of the sampler would have nothing to act on
+    // without -n an option of the sampler would have nothing to act on (--special also shapes
+    // the prompt's echo, so it stays)
     if (a->dump_path && !a->n_given) {
         a->n_predict = 0;
         for (int k = 0; k < a->n_used; k++)
-            if (a->used[k].modes == SAMPLE)
+            if (a->used[k].modes == SAMPLE && strcmp(a->used[k].opt, "--special"))
                 die("%s does not apply to --dump-logits without -n: nothing is sampled (-n N "
                     "samples N tokens after the dump)", a->used[k].opt);
     }
@@ -9363,11 +9373,8 @@ static void dump_prepare(const char *dir, const Tap *tp, const char *model, cons
     if (theirs && stat(theirs, &si) == 0 && si.st_dev == st.st_dev && si.st_ino == st.st_ino)
         die("--dump-hidden '%s' is the --diff-hidden directory: their files would be overwritten",
             dir);
-    if (diff_out) { // the table's directory: its name up to the last '/'
-        char od[PATH_MAX];
-        const char *slash = strrchr(diff_out, '/');
-        snprintf(od, sizeof od, "%.*s", slash ? (int)(slash - diff_out) + 1 : 1,
-                 slash ? diff_out : ".");
+    char target[PATH_MAX], od[PATH_MAX]; // the table's directory, links resolved, as it is written
+    if (diff_out && output_target("--diff-out", diff_out, target, od, sizeof od)) {
         if (stat(od, &si) == 0 && si.st_dev == st.st_dev && si.st_ino == st.st_ino)
             die("--diff-out '%s' is in the --dump-hidden directory '%s': give it a place outside "
                 "the dump", diff_out, dir);

@@ -416,7 +416,8 @@ static void test_hidden(void) {
              theirs);
     rc = run_cmd(cmd, out, sizeof out);
     check(rc == 1 && strstr(out, "  l_out-0 ") && strstr(out, "result: FAIL") &&
-          !strstr(out, "\nerror: "), "hidden: a .npy of shape (1, n_tokens, width) is read");    free(zero);
+          !strstr(out, "\nerror: "), "hidden: a .npy of shape (1, n_tokens, width) is read");
+    free(zero);
 }
 
 // GPU: both paths against the exact C path, tensor by tensor, on every fixture and the trained

@@ -25,13 +25,15 @@ train() { # arch out_dir log [train_tiny.py options]
     grep -E "^\{|parameters" "$log" | tail -3
 }
 # the smoke tests, then the two trainings, side by side (a tiny model leaves most of the GPU idle)
+pids=()
+wait_all() { local rc=0 p; for p in "${pids[@]}"; do wait "$p" || rc=1; done; pids=(); return $rc; }
 for arch in qwen3 qwen35; do # with the shape options too (the smoke's own flags come last)
     o=$opts3; [ $arch = qwen35 ] && o=$opts35
     # shellcheck disable=SC2086
     train $arch "$work/smoke/$arch" "$out/smoke-$arch.log" $o --steps 20 --eval-every 10 \
         --max-seconds 600 --ref-positions 8 --max-train-bytes 2000000 &
+    pids+=($!)
 done
-wait_all() { local rc=0 p; for p in $(jobs -p); do wait "$p" || rc=1; done; return $rc; }
 wait_all || exit 1
 # the training ids, once, before the two runs read them
 python3 "$(dirname "$0")/train_tiny.py" --arch qwen3 --corpus "$work/corpus" --steps 1 \
@@ -40,9 +42,11 @@ python3 "$(dirname "$0")/train_tiny.py" --arch qwen3 --corpus "$work/corpus" --s
 # shellcheck disable=SC2086  # the options are words
 train qwen3 "$work/out/qwen3" "$out/train-qwen3.log" --steps 1200 --max-seconds 120 \
     --ids-cache "$work/ids.pt" $opts3 &
+pids+=($!)
 # shellcheck disable=SC2086
 train qwen35 "$work/out/qwen35" "$out/train-qwen35.log" --steps 1200 --max-seconds 200 \
     --ids-cache "$work/ids.pt" $opts35 &
+pids+=($!)
 wait_all || exit 1
 tar cf - -C "$work/out" qwen3 qwen35 | xz -T0 -3 | split -b 15M - "$out/trained.tar.xz."
 ls -la "$out"

@@ -23,7 +23,8 @@ echo "== 1. conversions"
 i=0
 for spec in "qwen3" "qwen3 --tied 0 --dtype F32 --layers 2" "qwen35" \
         "qwen35 --tied 0 --dtype BF16 --prefix model.language_model." \
-        "qwen35 --dtype F32 --layers 8 --seed 9" "qwen3 --hidden 512 --heads 8 --ffn 1024 --layers 2" \
+        "qwen35 --dtype F32 --layers 8 --seed 9" \
+        "qwen3 --hidden 512 --heads 8 --ffn 1024 --layers 2" \
         "qwen35 --hidden 512 --heads 8 --ffn 512 --tied 0"; do
     i=$((i + 1))
     read -r -a args <<<"$spec"

@@ -230,7 +230,7 @@ def main():
         return loss
 
     gen = torch.Generator(device="cpu").manual_seed(a.seed)
-    curve, best, best_state, ema = [], float("inf"), None, None
+    curve, best, best_state, best_step, ema = [], float("inf"), None, 0, None
     t0 = time.time()
     step = 0
     for step in range(a.steps):
@@ -252,13 +252,12 @@ def main():
             print(json.dumps(curve[-1]), flush=True)
             score = h if a.select == "heldout" else v
             if score < best:
-                best = score
+                best, best_step = score, step + 1
                 best_state = {k: t.detach().clone() for k, t in model.state_dict().items()}
         if last:
             break
     train_s = time.time() - t0
     model.load_state_dict(best_state)
-    best_step = min(curve, key=lambda r: r[a.select + "_loss"])["step"]
 
     # the F16 file's weights: every 2-D tensor rounded to f16 (the rest stays f32, as in the GGUF)
     with torch.no_grad():
