@@ -9394,6 +9394,12 @@ static void dump_prepare(const char *dir, const Tap *tp, const char *model, cons
     }
 }
 
+// An older dump's file at path deleted (none there is fine).
+static void dump_remove_old(const char *path) {
+    if (unlink(path) != 0 && errno != ENOENT)
+        die("--dump-hidden: cannot delete the old '%s': %s", path, strerror(errno));
+}
+
 // --dump-hidden DIR: every tensor the run wrote, then the manifest (written last: a reader that
 // finds it finds every file it lists). An older dump's manifest and its files of the names this
 // run writes are deleted first, so that a dump that fails on the way leaves no manifest and no
@@ -9402,14 +9408,13 @@ static void dump_hidden(const char *dir, const Tap *tp) {
     char mpath[PATH_MAX], name[64], hf[200], path[PATH_MAX];
     snprintf(mpath, sizeof mpath, "%s/manifest.tsv", dir);
     int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(tp->c, kinds, layers), files = 0;
-    for (int i = -1; i < n; i++) {
-        if (i >= 0 && !tp->by[tap_slot(tp->c, kinds[i], layers[i])]) continue;
-        if (i >= 0) snprintf(path, sizeof path, "%s/%s.npy", dir,
-                             tap_name(tp->c, kinds[i], layers[i], name, sizeof name));
-        if (unlink(i < 0 ? mpath : path) != 0 && errno != ENOENT)
-            die("--dump-hidden: cannot delete the old '%s': %s", i < 0 ? mpath : path,
-                strerror(errno));
-    }
+    dump_remove_old(mpath);
+    for (int i = 0; i < n; i++)
+        if (tp->by[tap_slot(tp->c, kinds[i], layers[i])]) {
+            snprintf(path, sizeof path, "%s/%s.npy", dir,
+                     tap_name(tp->c, kinds[i], layers[i], name, sizeof name));
+            dump_remove_old(path);
+        }
     for (int i = 0; i < n; i++)
         if (tp->by[tap_slot(tp->c, kinds[i], layers[i])]) npy_write(dir, tp, kinds[i], layers[i]);
     FILE *f = output_open("--dump-hidden", mpath);

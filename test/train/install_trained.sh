@@ -23,7 +23,7 @@ if [ ! -d "$runs/qwen3" ] && compgen -G "$runs/trained.tar.xz.*" >/dev/null; the
     runs=$tmp
 fi
 [ -d "$dest" ] || die "no directory $dest"
-make -s -C "$ROOT" qwen test/quantize test/train/hf_to_gguf >&2
+make -s -C "$ROOT" test/quantize test/train/hf_to_gguf >&2
 for arch in qwen3 qwen35; do
     d=$runs/$arch
     for f in config.json model.safetensors train.json ref.json ref-logits.f32 sample.txt \
