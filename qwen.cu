@@ -2923,16 +2923,27 @@ static int mix_kind(const int *types, int n) {
 // --- 6.4c float weights in 16-byte loads --------------------------------------------------------
 // Speed: F32, F16 and BF16 weights (the exact reference files) keep fp32 inputs and the file's
 // layout; on the simple mat-vec (6.1) each lane reads its own 32-weight unit, 64 or 128 bytes from
-// its neighbour's, element by element. Here the 32 lanes of a warp read 16-byte vectors side by
-// side (512 contiguous bytes a load), and each lane loads FLOAT_AHEAD vectors of each of its
-// FLOAT_ROWS rows before it multiplies any, so that a warp has FLOAT_ROWS x FLOAT_AHEAD x 512
-// bytes in flight (2 KB as set): what keeps a stream of reads near the memory's bandwidth is the
-// bytes in flight. With several rows a warp, each x vector would serve all of them; one row and 4
-// vectors ahead measured fastest (test/PERF_NOTES.md, "Float weights" and
-// "Fast types for the files people download"). Rows whose length is not a multiple of a vector
-// stay on 6.1. C twin: matvec_c.
-#define FLOAT_ROWS 1  // rows per warp
-#define FLOAT_AHEAD 4 // 16-byte vectors of each row a lane loads before it multiplies
+// its neighbour's, element by element. Here one warp takes one row: its 32 lanes read 16-byte
+// vectors side by side (512 contiguous bytes a load), and each lane loads FLOAT_AHEAD vectors
+// before it multiplies any, so that a warp has FLOAT_AHEAD x 512 bytes in flight (2 KB as set):
+// what keeps a stream of reads near the memory's bandwidth is the bytes in flight. One row a warp
+// and 4 vectors ahead measured fastest (test/PERF_NOTES.md, "Float weights").
+// Up to FLOAT_BATCH matrices of one type that read the same x run in one launch, their rows one
+// after another (q, k and v; gate and up; DeltaNet's four in-projections): one launch instead of
+// three, and k's and v's few rows no longer run alone on a GPU they cannot fill.
+// Rows whose length is not a multiple of a vector stay on 6.1. C twin: matvec_c.
+#define FLOAT_AHEAD 4 // 16-byte vectors of its row a lane loads before it multiplies
+#define FLOAT_BATCH 4 // matrices a launch may take
+
+// The matrices of one launch. Row g of the launch is row g - first[i] of W_i, where
+// first[i] <= g < first[i + 1]; first[n] is the launch's rows in all.
+struct FloatMv {
+    const uint8_t *W[FLOAT_BATCH];  // (n_out_i, n_in) of one float type
+    const float *bias[FLOAT_BATCH]; // (n_out_i) or NULL
+    float *y[FLOAT_BATCH];          // (n_out_i)
+    int first[FLOAT_BATCH + 1];
+    int n, accumulate; // n matrices; y_i += W_i x when accumulate, else y_i = W_i x (+ bias_i)
+};
 
 // The 16-byte vector v of a float row as fp32: 4 (F32) or 8 (F16, BF16) values into w.
 template <int TYPE> __device__ __forceinline__ void float_vec(const int4 &v, float *w) {
@@ -2950,77 +2961,72 @@ template <int TYPE> __device__ __forceinline__ void float_vec(const int4 &v, flo
     }
 }
 
-// y[r] = W[r,:] . x (+ bias[r]) (+ y[r]), FLOAT_ROWS rows per warp. C twin: matvec_c.
+// y_i[r] = W_i[r,:] . x (+ bias_i[r]) (+ y_i[r]), one row per warp. C twin: matvec_c.
 template <int TYPE>
-__global__ void matvec_float_kernel(const uint8_t *W,  // (n_out, n_in) of TYPE
-                                    const float *x,    // (n_in)
-                                    const float *bias, // (n_out) or NULL
-                                    float *y,          // (n_out)
-                                    int n_in, int n_out, int accumulate) {
+__global__ void matvec_float_kernel(FloatMv p, const float *x /* (n_in) */, int n_in) {
     const int V = TYPE == GGML_TYPE_F32 ? 4 : 8;               // values per 16-byte vector
     const size_t esize = TYPE == GGML_TYPE_F32 ? 4 : 2;        // bytes per value
-    int warp = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / WARP);
-    int lane = threadIdx.x % WARP, row0 = warp * FLOAT_ROWS;
-    if (row0 >= n_out) return;
-    float acc[FLOAT_ROWS];
-#pragma unroll
-    for (int r = 0; r < FLOAT_ROWS; r++) acc[r] = 0.0f;
+    int g = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / WARP); // the launch's row
+    int lane = threadIdx.x % WARP;
+    if (g >= p.first[p.n]) return;
+    int m = 0; // the matrix of row g
+    while (g >= p.first[m + 1]) m++;
+    int row = g - p.first[m];
+    const uint8_t *w = p.W[m] + (size_t)row * n_in * esize;
+    float acc = 0.0f;
     for (int i0 = V * lane; i0 < n_in; i0 += V * WARP * FLOAT_AHEAD) {
-        // all the loads first: vector a of row r at i0 + a * V * WARP (rows past the end read the
-        // last row; vectors past the row's end none)
-        int4 v[FLOAT_AHEAD][FLOAT_ROWS];
+        // all the loads first: vector a at i0 + a * V * WARP (vectors past the row's end none)
+        int4 v[FLOAT_AHEAD];
 #pragma unroll
         for (int a = 0; a < FLOAT_AHEAD; a++) {
             int i = i0 + a * V * WARP;
-#pragma unroll
-            for (int r = 0; r < FLOAT_ROWS; r++) {
-                const uint8_t *p = W + ((size_t)min(row0 + r, n_out - 1) * n_in + i) * esize;
-                v[a][r] = i < n_in ? ldw((const int4 *)p) : make_int4(0, 0, 0, 0);
-            }
+            v[a] = i < n_in ? ldw((const int4 *)(w + i * esize)) : make_int4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int a = 0; a < FLOAT_AHEAD; a++) {
             int i = i0 + a * V * WARP;
             if (i >= n_in) break;
-            float xv[V];
+            float xv[V], wv[V];
 #pragma unroll
             for (int k = 0; k < V; k += 4) *(float4 *)(xv + k) = *(const float4 *)(x + i + k);
+            float_vec<TYPE>(v[a], wv);
 #pragma unroll
-            for (int r = 0; r < FLOAT_ROWS; r++) {
-                float w[V];
-                float_vec<TYPE>(v[a][r], w);
-#pragma unroll
-                for (int k = 0; k < V; k++) acc[r] = fmaf(w[k], xv[k], acc[r]);
-            }
+            for (int k = 0; k < V; k++) acc = fmaf(wv[k], xv[k], acc);
         }
     }
-#pragma unroll
-    for (int r = 0; r < FLOAT_ROWS; r++) {
-        float t = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < n_out) {
-            if (bias) t += bias[row0 + r];
-            y[row0 + r] = accumulate ? y[row0 + r] + t : t;
-        }
+    float t = warp_sum(acc);
+    if (lane == 0) {
+        if (p.bias[m]) t += p.bias[m][row];
+        p.y[m][row] = p.accumulate ? p.y[m][row] + t : t;
     }
 }
 
-// W x on matvec_float_kernel when W is a float type and its rows are whole 16-byte vectors;
-// returns 0, launching nothing, when not.
-static int matvec_float(const Tensor *W, const float *x /* (n_in) */, const float *bias,
-                        float *y /* (n_out) */, int accumulate, cudaStream_t st) {
-    const uint8_t *w = (const uint8_t *)W->dev;
-    int n_in = (int)W->n_in, n_out = (int)W->n_out;
-    if (!is_float_weight(W->type) || n_in % (W->type == GGML_TYPE_F32 ? 4 : 8)) return 0;
-    unsigned blocks = (unsigned)((n_out + 8 * FLOAT_ROWS - 1) / (8 * FLOAT_ROWS)); // 8 warps each
-    if (W->type == GGML_TYPE_F32)
-        matvec_float_kernel<GGML_TYPE_F32><<<blocks, 256, 0, st>>>(w, x, bias, y, n_in, n_out,
-                                                                   accumulate);
-    else if (W->type == GGML_TYPE_F16)
-        matvec_float_kernel<GGML_TYPE_F16><<<blocks, 256, 0, st>>>(w, x, bias, y, n_in, n_out,
-                                                                   accumulate);
-    else
-        matvec_float_kernel<GGML_TYPE_BF16><<<blocks, 256, 0, st>>>(w, x, bias, y, n_in, n_out,
-                                                                    accumulate);
+// y_i = W_i x (+ bias_i) (+ y_i when accumulate) for i < n, on matvec_float_kernel in one launch
+// when the W_i are of one float type and have rows of the same length, a whole number of 16-byte
+// vectors; returns 0, launching nothing, when not.
+static int matvec_float(int n, const Tensor *const *W, const float *const *bias,
+                        float *const *y, const float *x /* (n_in) */, int accumulate,
+                        cudaStream_t st) {
+    int type = W[0]->type, n_in = (int)W[0]->n_in;
+    if (n > FLOAT_BATCH || !is_float_weight(type) || n_in % (type == GGML_TYPE_F32 ? 4 : 8))
+        return 0;
+    FloatMv p;
+    memset(&p, 0, sizeof p);
+    for (int i = 0; i < n; i++) {
+        if (W[i]->type != type || W[i]->n_in != n_in) return 0;
+        p.W[i] = (const uint8_t *)W[i]->dev;
+        p.bias[i] = bias[i];
+        p.y[i] = y[i];
+        p.first[i + 1] = p.first[i] + (int)W[i]->n_out;
+    }
+    p.n = n;
+    p.accumulate = accumulate;
+    unsigned blocks = (unsigned)((p.first[n] + 7) / 8); // 8 warps each
+    if (type == GGML_TYPE_F32)
+        matvec_float_kernel<GGML_TYPE_F32><<<blocks, 256, 0, st>>>(p, x, n_in);
+    else if (type == GGML_TYPE_F16)
+        matvec_float_kernel<GGML_TYPE_F16><<<blocks, 256, 0, st>>>(p, x, n_in);
+    else matvec_float_kernel<GGML_TYPE_BF16><<<blocks, 256, 0, st>>>(p, x, n_in);
     KERNEL_CHECK();
     return 1;
 }
@@ -3614,7 +3620,7 @@ static void matvec(const Tensor *W, const Act *in, float *y /* (n_out) */,
         return;
     }
     const float *x = in->f;
-    if (matvec_float(W, x, bias, y, accumulate, st)) return; // float rows, when 6.4c takes them
+    if (matvec_float(1, &W, &bias, &y, x, accumulate, st)) return; // 6.4c's float rows
     const int rows_per_block = 4;
     dim3 grid((unsigned)((n_out + rows_per_block - 1) / rows_per_block));
     dim3 block(rows_per_block * WARP);
@@ -3632,12 +3638,14 @@ static void matvec(const Tensor *W, const Act *in, float *y /* (n_out) */,
     KERNEL_CHECK();
 }
 
-// n mat-vecs y_i = W_i x (+ b_i) from the same input: one launch when all are in planes, else n.
+// n mat-vecs y_i = W_i x (+ b_i) from the same input: one launch when all are in planes, or all
+// are float rows that 6.4c takes together; else n.
 static void matvec_batch(int n, const Tensor *const *W, const float *const *bias, float *const *y,
                          const Act *in, cudaStream_t st) {
     int all_planes = in->q.q != NULL;
     for (int i = 0; i < n; i++) all_planes &= W[i]->planes;
     if (!all_planes) {
+        if (matvec_float(n, W, bias, y, in->f, 0, st)) return;
         for (int i = 0; i < n; i++) matvec(W[i], in, y[i], bias[i], 0, st);
         return;
     }

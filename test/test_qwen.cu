@@ -4295,12 +4295,38 @@ static void test_gpu_gate_up(void) {
     }
 }
 
-// q, k, v in one launch: three matrices of different fast types against matvec_xq_c, for two sets
-// of types (the mixed kernels switch on each matrix's type)
+// Kernel launches that fn(arg) enqueues on a fresh stream, counted in the graph it captures.
+static int launches_of(void (*fn)(void *, cudaStream_t), void *arg) {
+    cudaStream_t st;
+    cudaGraph_t g;
+    size_t nodes = 0;
+    CUDA_CHECK(cudaStreamCreate(&st));
+    CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    fn(arg, st);
+    CUDA_CHECK(cudaStreamEndCapture(st, &g));
+    CUDA_CHECK(cudaGraphGetNodes(g, NULL, &nodes));
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(st);
+    return (int)nodes;
+}
+struct QkvCall { const Tensor *W; float *const *bias, *const *y; const Act *in; };
+static void qkv_call(void *arg, cudaStream_t st) {
+    const QkvCall *c = (const QkvCall *)arg;
+    matvec_qkv(&c->W[0], &c->W[1], &c->W[2], c->bias[0], c->bias[1], c->bias[2], c->in, c->y[0],
+               c->y[1], c->y[2], st);
+}
+
+// q, k, v in one launch: three matrices of different fast types against matvec_xq_c (the mixed
+// kernels switch on each matrix's type); or three float matrices against matvec_c, in one launch
+// when they are of one type (6.4c), in three when not.
 static void test_gpu_qkv_batch_types(const int types[3]) {
-    char name[160];
-    snprintf(name, sizeof name, "gpu q/k/v in one launch%s (%s + %s + %s, bias) vs matvec_xq_c: |d|/scale", MV_TAG(1),
-             type_name(types[0]), type_name(types[1]), type_name(types[2]));
+    char name[200];
+    int fast = is_fast_type(types[0]);
+    if (!fast && g_mv_mode == MV_BLOCKS) return; // one kernel for the float types
+    int one_launch = fast || (types[1] == types[0] && types[2] == types[0]);
+    snprintf(name, sizeof name, "gpu q/k/v in %s launch%s%s (%s + %s + %s, bias) vs %s: |d|/scale",
+             one_launch ? "one" : "three", one_launch ? "" : "s", MV_TAG(fast), type_name(types[0]),
+             type_name(types[1]), type_name(types[2]), fast ? "matvec_xq_c" : "matvec_c");
     if (!HAVE_GPU) { skip(name, "no GPU"); return; }
     const int n_in = 768, n_out[3] = {130, 34, 64};
     float x[n_in], row[n_in];
@@ -4308,7 +4334,8 @@ static void test_gpu_qkv_batch_types(const int types[3]) {
     HostXQ hq = quantize_host(x, n_in);
     Act in;
     memset(&in, 0, sizeof in);
-    in.q = upload_xq(&hq);
+    if (fast) in.q = upload_xq(&hq);
+    else in.f = (float *)dcopy(x, n_in * 4);
     Tensor W[3];
     uint8_t *w[3];
     float *bias[3], *dbias[3], *dy[3], *ref[3], *got[3];
@@ -4324,8 +4351,13 @@ static void test_gpu_qkv_batch_types(const int types[3]) {
         CUDA_CHECK(cudaMalloc(&dy[i], n_out[i] * 4));
         ref[i] = (float *)xmalloc(n_out[i] * 4, "a test");
         got[i] = (float *)xmalloc(n_out[i] * 4, "a test");
-        matvec_xq_c(&W[i], hq.H, hq.L, hq.s, bias[i], ref[i], 0, row);
+        Tensor B = {"bias", GGML_TYPE_F32, n_out[i], 1, (const uint8_t *)bias[i],
+                    (size_t)n_out[i] * 4, NULL, 0};
+        if (fast) matvec_xq_c(&W[i], hq.H, hq.L, hq.s, bias[i], ref[i], 0, row);
+        else matvec_c(&W[i], x, ref[i], &B, 0, row);
     }
+    QkvCall call = {W, dbias, dy, &in};
+    int launches = fast ? 1 : launches_of(qkv_call, &call);
     matvec_qkv(&W[0], &W[1], &W[2], dbias[0], dbias[1], dbias[2], &in, dy[0], dy[1], dy[2], 0);
     double worst = 0;
     for (int i = 0; i < 3; i++) {
@@ -4339,8 +4371,11 @@ static void test_gpu_qkv_batch_types(const int types[3]) {
         }
         cudaFree(W[i].dev); cudaFree(dbias[i]); cudaFree(dy[i]); free(w[i]); free(bias[i]); free(ref[i]); free(got[i]);
     }
-    report(worst <= 1e-5, name, worst, 1e-5);
-    free_hxq(&hq); free_xq(in.q);
+    report(worst <= 1e-5 && launches == (one_launch ? 1 : 3), name, worst, 1e-5);
+    if (launches != (one_launch ? 1 : 3)) printf("    %d launches, not %d\n", launches, one_launch ? 1 : 3);
+    free_hxq(&hq);
+    if (fast) free_xq(in.q);
+    else cudaFree(in.f);
 }
 static void test_gpu_qkv_batch(void) {
     const int a[3] = {GGML_TYPE_Q4_0, GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS},
@@ -4351,6 +4386,11 @@ static void test_gpu_qkv_batch(void) {
     test_gpu_qkv_batch_types(b);
     test_gpu_qkv_batch_types(c);
     test_gpu_qkv_batch_types(d);
+    const int f[4][3] = {{GGML_TYPE_F16, GGML_TYPE_F16, GGML_TYPE_F16},
+                         {GGML_TYPE_BF16, GGML_TYPE_BF16, GGML_TYPE_BF16},
+                         {GGML_TYPE_F32, GGML_TYPE_F32, GGML_TYPE_F32},
+                         {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_F32}};
+    for (int i = 0; i < 4; i++) test_gpu_qkv_batch_types(f[i]);
 }
 
 // The C side of a token's RoPE: optional RMSNorm per head (weights qn / kn, or NULL), then
