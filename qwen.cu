@@ -2930,7 +2930,7 @@ static int mix_kind(const int *types, int n) {
 // and 4 vectors ahead measured fastest (test/PERF_NOTES.md, "Float weights").
 // Up to FLOAT_BATCH matrices of one type that read the same x run in one launch, their rows one
 // after another (q, k and v; gate and up; DeltaNet's four in-projections): one launch instead of
-// three, and k's and v's few rows no longer run alone on a GPU they cannot fill.
+// one a matrix, and k's and v's few rows do not run alone on a GPU they cannot fill.
 // Rows whose length is not a multiple of a vector stay on 6.1. C twin: matvec_c.
 #define FLOAT_AHEAD 4 // 16-byte vectors of its row a lane loads before it multiplies
 #define FLOAT_BATCH 4 // matrices a launch may take
@@ -2942,7 +2942,7 @@ struct FloatMv {
     const float *bias[FLOAT_BATCH]; // (n_out_i) or NULL
     float *y[FLOAT_BATCH];          // (n_out_i)
     int first[FLOAT_BATCH + 1];
-    int n, accumulate; // n matrices; y_i += W_i x when accumulate, else y_i = W_i x (+ bias_i)
+    int n, accumulate; // n matrices; y_i = W_i x (+ bias_i), added into y_i when accumulate
 };
 
 // The 16-byte vector v of a float row as fp32: 4 (F32) or 8 (F16, BF16) values into w.
@@ -2961,9 +2961,12 @@ template <int TYPE> __device__ __forceinline__ void float_vec(const int4 &v, flo
     }
 }
 
-// y_i[r] = W_i[r,:] . x (+ bias_i[r]) (+ y_i[r]), one row per warp. C twin: matvec_c.
+// y_i[r] = W_i[r,:] . x (+ bias_i[r]) (+ y_i[r]), one row per warp. p is read in place from the
+// launch's parameters (__grid_constant__): indexed by a run-time m, a copy would go to each
+// thread's local memory. C twin: matvec_c.
 template <int TYPE>
-__global__ void matvec_float_kernel(FloatMv p, const float *x /* (n_in) */, int n_in) {
+__global__ void matvec_float_kernel(const __grid_constant__ FloatMv p, const float *x /* (n_in) */,
+                                    int n_in) {
     const int V = TYPE == GGML_TYPE_F32 ? 4 : 8;               // values per 16-byte vector
     const size_t esize = TYPE == GGML_TYPE_F32 ? 4 : 2;        // bytes per value
     int g = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / WARP); // the launch's row
@@ -3007,9 +3010,9 @@ __global__ void matvec_float_kernel(FloatMv p, const float *x /* (n_in) */, int 
 static int matvec_float(int n, const Tensor *const *W, const float *const *bias,
                         float *const *y, const float *x /* (n_in) */, int accumulate,
                         cudaStream_t st) {
+    if (n < 1 || n > FLOAT_BATCH) return 0;
     int type = W[0]->type, n_in = (int)W[0]->n_in;
-    if (n > FLOAT_BATCH || !is_float_weight(type) || n_in % (type == GGML_TYPE_F32 ? 4 : 8))
-        return 0;
+    if (!is_float_weight(type) || n_in % (type == GGML_TYPE_F32 ? 4 : 8)) return 0;
     FloatMv p;
     memset(&p, 0, sizeof p);
     for (int i = 0; i < n; i++) {
@@ -3021,6 +3024,7 @@ static int matvec_float(int n, const Tensor *const *W, const float *const *bias,
     }
     p.n = n;
     p.accumulate = accumulate;
+    if (!p.first[n]) return 1; // no rows
     unsigned blocks = (unsigned)((p.first[n] + 7) / 8); // 8 warps each
     if (type == GGML_TYPE_F32)
         matvec_float_kernel<GGML_TYPE_F32><<<blocks, 256, 0, st>>>(p, x, n_in);
@@ -6174,7 +6178,7 @@ static void step_order_group(int n, Tensor *const *W) {
         all_fast &= is_fast_type(W[i]->type);
         any_iq4 |= is_iq4_type(W[i]->type);
     }
-    if (!all_fast) { // matvec_batch runs them one by one
+    if (!all_fast) { // matvec_batch runs the fast ones one by one
         for (int i = 0; i < n; i++)
             if (is_fast_type(W[i]->type)) step_order_group(1, &W[i]);
         return;

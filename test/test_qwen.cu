@@ -4357,7 +4357,9 @@ static void test_gpu_qkv_batch_types(const int types[3]) {
         else matvec_c(&W[i], x, ref[i], &B, 0, row);
     }
     QkvCall call = {W, dbias, dy, &in};
-    int launches = fast ? 1 : launches_of(qkv_call, &call);
+    int launches = launches_of(qkv_call, &call);
+    for (int i = 0; i < 3; i++) // NaNs until the kernel writes
+        CUDA_CHECK(cudaMemset(dy[i], 0xff, n_out[i] * 4));
     matvec_qkv(&W[0], &W[1], &W[2], dbias[0], dbias[1], dbias[2], &in, dy[0], dy[1], dy[2], 0);
     double worst = 0;
     for (int i = 0; i < 3; i++) {
@@ -4377,6 +4379,59 @@ static void test_gpu_qkv_batch_types(const int types[3]) {
     if (fast) free_xq(in.q);
     else cudaFree(in.f);
 }
+// Four float matrices without biases in one launch (DeltaNet's in-projections: the last slot of
+// FloatMv), one of them with no rows, against matvec_c.
+static void test_gpu_float_batch4(void) {
+    const char *name = "gpu mat-vec of 4 F16 matrices in one launch (no bias; 300, 0, 2 and 9 rows) "
+                       "vs matvec_c: |d|/scale";
+    if (g_mv_mode == MV_BLOCKS) return; // one kernel for the float types
+    if (!HAVE_GPU) { skip(name, "no GPU"); return; }
+    const int n_in = 264, n_out[4] = {300, 0, 2, 9};
+    float x[n_in], row[n_in];
+    random_act(x, n_in);
+    Act in;
+    memset(&in, 0, sizeof in);
+    in.f = (float *)dcopy(x, n_in * 4);
+    Tensor W[4];
+    const Tensor *Wp[4];
+    uint8_t *w[4];
+    float *dy[4], *ref[4], *got[4];
+    const float *nob[4] = {NULL, NULL, NULL, NULL};
+    size_t rb = row_bytes(GGML_TYPE_F16, n_in);
+    for (int i = 0; i < 4; i++) {
+        w[i] = (uint8_t *)xmalloc(rb * n_out[i] + 1, "a test");
+        for (int r = 0; r < n_out[i]; r++) random_row(GGML_TYPE_F16, w[i] + r * rb, n_in);
+        W[i] = (Tensor){"w", GGML_TYPE_F16, n_in, n_out[i], w[i], rb * n_out[i], NULL, 0};
+        upload_like_engine(&W[i]);
+        Wp[i] = &W[i];
+        CUDA_CHECK(cudaMalloc(&dy[i], n_out[i] * 4 + 4));
+        CUDA_CHECK(cudaMemset(dy[i], 0xff, n_out[i] * 4 + 4)); // NaNs until the kernel writes
+        ref[i] = (float *)xmalloc(n_out[i] * 4 + 4, "a test");
+        got[i] = (float *)xmalloc(n_out[i] * 4 + 4, "a test");
+        matvec_c(&W[i], x, ref[i], NULL, 0, row);
+    }
+    struct Call { const Tensor **W; const float **b; float **y; const Act *in; } call = {
+        Wp, nob, dy, &in};
+    int launches = launches_of([](void *a, cudaStream_t st) {
+        const Call *c = (const Call *)a;
+        matvec_batch(4, c->W, c->b, c->y, c->in, st);
+    }, &call);
+    matvec_batch(4, Wp, nob, dy, &in, 0);
+    double worst = 0;
+    for (int i = 0; i < 4; i++) {
+        CUDA_CHECK(cudaMemcpy(got[i], dy[i], n_out[i] * 4, cudaMemcpyDeviceToHost));
+        for (int r = 0; r < n_out[i]; r++) {
+            dequant_row(GGML_TYPE_F16, w[i] + r * rb, row, n_in);
+            double sc = 0;
+            for (int k = 0; k < n_in; k++) sc += fabs((double)row[k] * x[k]);
+            worst = worse(worst, fabs(got[i][r] - ref[i][r]) / sc);
+        }
+        cudaFree(W[i].dev); cudaFree(dy[i]); free(w[i]); free(ref[i]); free(got[i]);
+    }
+    report(worst <= 1e-5 && launches == 1, name, worst, 1e-5);
+    if (launches != 1) printf("    %d launches, not 1\n", launches);
+    cudaFree(in.f);
+}
 static void test_gpu_qkv_batch(void) {
     const int a[3] = {GGML_TYPE_Q4_0, GGML_TYPE_Q5_K, GGML_TYPE_IQ4_XS},
               b[3] = {GGML_TYPE_Q4_K, GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL},
@@ -4391,6 +4446,7 @@ static void test_gpu_qkv_batch(void) {
                          {GGML_TYPE_F32, GGML_TYPE_F32, GGML_TYPE_F32},
                          {GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_F32}};
     for (int i = 0; i < 4; i++) test_gpu_qkv_batch_types(f[i]);
+    test_gpu_float_batch4();
 }
 
 // The C side of a token's RoPE: optional RMSNorm per head (weights qn / kn, or NULL), then
