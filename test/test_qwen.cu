@@ -4388,6 +4388,12 @@ static void test_gpu_qkv_batch_types(const int types[3]) {
     if (fast) free_xq(in.q);
     else cudaFree(in.f);
 }
+struct Batch4Call { const Tensor *const *W; const float *const *bias; float *const *y; const Act *in; };
+static void batch4_call(void *arg, cudaStream_t st) {
+    const Batch4Call *c = (const Batch4Call *)arg;
+    matvec_batch(4, c->W, c->bias, c->y, c->in, st);
+}
+
 // Four float matrices without biases in one launch (DeltaNet's in-projections: the last slot of
 // FloatMv), one of them with no rows, against matvec_c.
 static void test_gpu_float_batch4(void) {
@@ -4419,12 +4425,8 @@ static void test_gpu_float_batch4(void) {
         got[i] = (float *)xmalloc(n_out[i] * 4 + 4, "a test");
         matvec_c(&W[i], x, ref[i], NULL, 0, row);
     }
-    struct Call { const Tensor **W; const float **b; float **y; const Act *in; } call = {
-        Wp, nob, dy, &in};
-    int launches = launches_of([](void *a, cudaStream_t st) {
-        const Call *c = (const Call *)a;
-        matvec_batch(4, c->W, c->b, c->y, c->in, st);
-    }, &call);
+    Batch4Call call = {Wp, nob, dy, &in};
+    int launches = launches_of(batch4_call, &call);
     matvec_batch(4, Wp, nob, dy, &in, 0);
     double worst = 0;
     for (int i = 0; i < 4; i++) {
