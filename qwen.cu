@@ -9347,12 +9347,17 @@ static const char *tap_run(Tap *tp, Model *m, const int *ids, int n, int use_gpu
     return path;
 }
 
+// The file of tap (kind, l) in a dump's directory: its name into name (64 bytes) and
+// DIR/NAME.npy into path (PATH_MAX bytes).
+static void tap_file(const char *dir, const Config *c, int kind, int l, char *name, char *path) {
+    snprintf(path, PATH_MAX, "%s/%s.npy", dir, tap_name(c, kind, l, name, 64));
+}
+
 // One tensor of a tap as DIR/NAME.npy: float32, C order, shape (n_tok, dims...).
 static void npy_write(const char *dir, const Tap *tp, int kind, int l) {
     char name[64], path[PATH_MAX], shape[64], hdr[160];
     int dims[2], nd = tap_shape(tp->c, kind, l, dims);
-    tap_name(tp->c, kind, l, name, sizeof name);
-    snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+    tap_file(dir, tp->c, kind, l, name, path);
     if (nd == 1) snprintf(shape, sizeof shape, "(%d, %d)", tp->n_tok, dims[0]);
     else snprintf(shape, sizeof shape, "(%d, %d, %d)", tp->n_tok, dims[0], dims[1]);
     // the header: magic, version 1.0, its length (u16), then the dict padded with spaces and a
@@ -9369,6 +9374,16 @@ static void npy_write(const char *dir, const Tap *tp, int kind, int l) {
     fwrite(hdr, 1, len, f);
     fwrite(tp->data[tap_slot(tp->c, kind, l)], 4, (size_t)tp->n_tok * tap_width(tp->c, kind, l), f);
     output_close(f, "--dump-hidden", path);
+}
+
+// A file the dump will write at path: none yet, or a regular file that is not the model (whose
+// stat is *model, or NULL when the model could not be looked at).
+static void dump_check_old(const char *path, const struct stat *model) {
+    struct stat st;
+    if (stat(path, &st) != 0) return;
+    if (!S_ISREG(st.st_mode)) die("--dump-hidden: '%s' exists and is not a file", path);
+    if (model && st.st_dev == model->st_dev && st.st_ino == model->st_ino)
+        die("--dump-hidden: '%s' is the model file (-m): it would be overwritten", path);
 }
 
 // --dump-hidden DIR, before any work: DIR made (one level) or an existing directory, not the
@@ -9391,19 +9406,16 @@ static void dump_prepare(const char *dir, const Tap *tp, const char *model, cons
             die("--diff-out '%s' is in the --dump-hidden directory '%s': give it a place outside "
                 "the dump", diff_out, dir);
     }
-    int have_model = stat(model, &sm) == 0;
+    const struct stat *msp = stat(model, &sm) == 0 ? &sm : NULL;
     int kinds[MAX_TAPS], layers[MAX_TAPS], n = tap_list(tp->c, kinds, layers);
     char path[PATH_MAX], name[64];
-    for (int i = 0; i < n + 1; i++) {
-        if (i < n && !tp->data[tap_slot(tp->c, kinds[i], layers[i])]) continue;
-        if (i < n) snprintf(path, sizeof path, "%s/%s.npy", dir,
-                            tap_name(tp->c, kinds[i], layers[i], name, sizeof name));
-        else snprintf(path, sizeof path, "%s/manifest.tsv", dir);
-        if (stat(path, &st) != 0) continue;
-        if (!S_ISREG(st.st_mode)) die("--dump-hidden: '%s' exists and is not a file", path);
-        if (have_model && st.st_dev == sm.st_dev && st.st_ino == sm.st_ino)
-            die("--dump-hidden: '%s' is the model file (-m): it would be overwritten", path);
-    }
+    for (int i = 0; i < n; i++)
+        if (tp->data[tap_slot(tp->c, kinds[i], layers[i])]) {
+            tap_file(dir, tp->c, kinds[i], layers[i], name, path);
+            dump_check_old(path, msp);
+        }
+    snprintf(path, sizeof path, "%s/manifest.tsv", dir);
+    dump_check_old(path, msp);
 }
 
 // An older dump's file at path deleted (none there is fine).
@@ -9423,8 +9435,7 @@ static void dump_hidden(const char *dir, const Tap *tp) {
     dump_remove_old(mpath);
     for (int i = 0; i < n; i++)
         if (tp->by[tap_slot(tp->c, kinds[i], layers[i])]) {
-            snprintf(path, sizeof path, "%s/%s.npy", dir,
-                     tap_name(tp->c, kinds[i], layers[i], name, sizeof name));
+            tap_file(dir, tp->c, kinds[i], layers[i], name, path);
             dump_remove_old(path);
         }
     for (int i = 0; i < n; i++)
@@ -9558,8 +9569,7 @@ static int their_hidden(Tap *theirs, const Tap *ours, const char *dir, char *mis
         size_t slot = tap_slot(c, k, l), w = tap_width(c, k, l), T = (size_t)ours->n_tok, len = 0;
         if (!ours->data[slot]) continue;
         char name[64], path[PATH_MAX], err[400];
-        tap_name(c, k, l, name, sizeof name);
-        snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+        tap_file(dir, c, k, l, name, path);
         FILE *f = manifest && !listed[slot] ? NULL : their_file(path, &len);
         if (!f) {
             if (mlen + 64 < cap)

@@ -4318,11 +4318,17 @@ static int launches_of(void (*fn)(void *, cudaStream_t), void *arg) {
     cudaStreamDestroy(st);
     return (int)nodes;
 }
-struct QkvCall { const Tensor *W; float *const *bias, *const *y; const Act *in; };
-static void qkv_call(void *arg, cudaStream_t st) {
-    const QkvCall *c = (const QkvCall *)arg;
-    matvec_qkv(&c->W[0], &c->W[1], &c->W[2], c->bias[0], c->bias[1], c->bias[2], c->in, c->y[0],
-               c->y[1], c->y[2], st);
+// matvec_batch's arguments, for launches_of (matvec_qkv is matvec_batch of 3)
+struct BatchCall {
+    int n;
+    const Tensor *const *W;
+    const float *const *bias;
+    float *const *y;
+    const Act *in;
+};
+static void batch_call(void *arg, cudaStream_t st) {
+    const BatchCall *c = (const BatchCall *)arg;
+    matvec_batch(c->n, c->W, c->bias, c->y, c->in, st);
 }
 
 // q, k, v in one launch: three matrices of different fast types against matvec_xq_c (the mixed
@@ -4365,8 +4371,9 @@ static void test_gpu_qkv_batch_types(const int types[3]) {
         if (fast) matvec_xq_c(&W[i], hq.H, hq.L, hq.s, bias[i], ref[i], 0, row);
         else matvec_c(&W[i], x, ref[i], &B, 0, row);
     }
-    QkvCall call = {W, dbias, dy, &in};
-    int launches = launches_of(qkv_call, &call);
+    const Tensor *Wp[3] = {&W[0], &W[1], &W[2]};
+    BatchCall call = {3, Wp, dbias, dy, &in};
+    int launches = launches_of(batch_call, &call);
     for (int i = 0; i < 3; i++) // NaNs until the kernel writes
         CUDA_CHECK(cudaMemset(dy[i], 0xff, n_out[i] * 4));
     matvec_qkv(&W[0], &W[1], &W[2], dbias[0], dbias[1], dbias[2], &in, dy[0], dy[1], dy[2], 0);
@@ -4388,12 +4395,6 @@ static void test_gpu_qkv_batch_types(const int types[3]) {
     if (fast) free_xq(in.q);
     else cudaFree(in.f);
 }
-struct Batch4Call { const Tensor *const *W; const float *const *bias; float *const *y; const Act *in; };
-static void batch4_call(void *arg, cudaStream_t st) {
-    const Batch4Call *c = (const Batch4Call *)arg;
-    matvec_batch(4, c->W, c->bias, c->y, c->in, st);
-}
-
 // Four float matrices without biases in one launch (DeltaNet's in-projections: the last slot of
 // FloatMv), one of them with no rows, against matvec_c.
 static void test_gpu_float_batch4(void) {
@@ -4425,8 +4426,8 @@ static void test_gpu_float_batch4(void) {
         got[i] = (float *)xmalloc(n_out[i] * 4 + 4, "a test");
         matvec_c(&W[i], x, ref[i], NULL, 0, row);
     }
-    Batch4Call call = {Wp, nob, dy, &in};
-    int launches = launches_of(batch4_call, &call);
+    BatchCall call = {4, Wp, nob, dy, &in};
+    int launches = launches_of(batch_call, &call);
     matvec_batch(4, Wp, nob, dy, &in, 0);
     double worst = 0;
     for (int i = 0; i < 4; i++) {
